@@ -1,0 +1,306 @@
+"""The engine: a thin step loop over the scheduler, block manager and model runner.
+
+Two modes make disaggregation: ``prefill_only`` returns the first token plus the prompt's
+full KV blocks (hashes and tensors); a request carrying such a :class:`PrefillKV` loads them
+into its pool and continues decoding. Run in two processes, that is prefill/decode split.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
+from cleave.runtime.engine.block_manager import BlockManager
+from cleave.runtime.engine.config import GiB, EngineConfig
+from cleave.runtime.engine.detokenizer import IncrementalDetokenizer
+from cleave.runtime.engine.kv_pool import KVPool
+from cleave.runtime.engine.llama import LlamaShape, PagedLlama
+from cleave.runtime.engine.model_runner import ModelRunner
+from cleave.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from cleave.runtime.engine.sequence import (
+    FinishReason, RequestError, SamplingParams, Sequence, TokenLogprob,
+)
+from cleave.runtime.models.device import resolve_device, resolve_dtype
+from cleave.runtime.models.loader import (
+    Progress, _stderr, load_config, load_state_dict, load_tokenizer, resolve_model,
+)
+
+
+@dataclass(frozen=True)
+class PrefillKV:
+    """A prompt's KV handed from a prefill engine to a decode engine."""
+
+    block_hashes: list[bytes]
+    kv: torch.Tensor  # [layers, 2, kv_heads, len(block_hashes), block_size, head_dim]
+    first_token: int
+    first_logprob: TokenLogprob | None = None
+
+
+@dataclass
+class RequestOutput:
+    """What one step added to one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prefill_kv: PrefillKV | None = None
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens_computed: int = 0  # prefill work actually done (cache hits excluded)
+    generated_tokens: int = 0
+    steps: int = 0
+    preemptions: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, progress: Progress = _stderr) -> None:
+        torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        progress(f"loading model '{config.model}' ({self.dtype}, {self.device})")
+        files = resolve_model(config.model, config.cache_dir, progress)
+        hf_config, shape = load_config(files)
+        self.shape: LlamaShape = shape
+        self.hf_config = hf_config
+        self.tokenizer = load_tokenizer(files)
+        self.model = PagedLlama(shape, load_state_dict(files), self.dtype, self.device)
+        self.max_model_len = min(config.max_model_len or shape.max_position_embeddings,
+                                 shape.max_position_embeddings)
+        self.pool = KVPool.from_budget(shape, self._kv_budget(), config.block_size,
+                                       self.dtype, self.device)
+        self.fingerprint = KVFingerprint(
+            model_name=files.name, weights_digest=files.weights_digest,
+            dtype=str(self.dtype).removeprefix("torch."), num_layers=shape.num_layers,
+            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+            block_size=config.block_size, salt=config.salt)
+        self.root_hash = self.fingerprint.root_hash()
+        self.block_manager = BlockManager(self.pool.num_blocks, config.block_size, self.root_hash)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len), self.block_manager)
+        self.runner = ModelRunner(self.model, self.pool)
+        self.eos_token_ids = self._eos_ids()
+        self.stats = EngineStats()
+        self._sequences: dict[str, Sequence] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._handoffs: dict[str, PrefillKV] = {}
+        progress(f"model ready: {shape.num_layers} layers, KV pool {self.pool.num_blocks} blocks "
+                 f"x {config.block_size} tokens ({self.pool.nbytes / GiB:.2f} GiB)")
+
+    def _kv_budget(self) -> int:
+        if self.config.kv_cache_bytes is not None:
+            return self.config.kv_cache_bytes
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.8)
+        return 1 * GiB
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.hf_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, list):
+                ids.update(source)
+        return frozenset(ids)
+
+    # -- requests ------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        return list(prompt)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError("this model has no chat template; use a plain completion")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        return self.tokenize(str(text))
+
+    def make_sequence(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                      *, prefill_only: bool = False, kv: PrefillKV | None = None) -> Sequence:
+        """Validate a request and build its state; touches no shared engine state."""
+        ids = self.tokenize(prompt)
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if any(not 0 <= t < self.shape.vocab_size for t in ids):
+            raise RequestError(f"prompt token ids must be in [0, {self.shape.vocab_size})")
+        total = len(ids) + params.max_tokens
+        if len(ids) >= self.max_model_len or total > self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens and max_tokens is {params.max_tokens}: "
+                f"{total} exceeds this model's maximum context of {self.max_model_len} tokens")
+        if self.block_manager.blocks_for(total) > self.block_manager.num_blocks:
+            raise RequestError(f"{total} tokens do not fit in the KV pool "
+                               f"({self.block_manager.num_blocks} blocks); raise kv_cache_bytes")
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        seq = Sequence(request_id, ids, len(ids), params, eos_token_ids=self.eos_token_ids,
+                       prefill_only=prefill_only, sampling_seed=seed)
+        if kv is not None:
+            seq.token_ids.append(kv.first_token)
+            if kv.first_logprob is not None:
+                seq.logprobs.append(kv.first_logprob)
+            seq.num_external_blocks = self._verified_blocks(ids, kv)
+        return seq
+
+    def _verified_blocks(self, prompt: list[int], kv: PrefillKV) -> int:
+        """How many leading handed-over blocks really are this prompt under this fingerprint.
+
+        Anything past the first mismatch is a miss and is recomputed, never trusted.
+        """
+        expected = chain_hashes(self.root_hash, prompt, self.config.block_size)
+        n = 0
+        for got, want in zip(kv.block_hashes, expected, strict=False):
+            if got != want:
+                break
+            n += 1
+        want_shape = (self.shape.num_layers, 2, self.shape.num_kv_heads, len(kv.block_hashes),
+                      self.config.block_size, self.shape.head_dim)
+        return n if tuple(kv.kv.shape) == want_shape else 0
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    *, prefill_only: bool = False, kv: PrefillKV | None = None) -> Sequence:
+        seq = self.make_sequence(request_id, prompt, params, prefill_only=prefill_only, kv=kv)
+        self.enqueue(seq, kv)
+        return seq
+
+    def enqueue(self, seq: Sequence, kv: PrefillKV | None = None) -> list[RequestOutput]:
+        """Hand a validated sequence to the scheduler; may finish it at once (see below)."""
+        if seq.request_id in self._sequences:
+            raise RequestError(f"request id '{seq.request_id}' is already in use")
+        self._sequences[seq.request_id] = seq
+        self._detok[seq.request_id] = IncrementalDetokenizer(self.tokenizer, seq.params.stop)
+        if kv is not None:
+            self._detok[seq.request_id].add([kv.first_token])
+            self._detok[seq.request_id].take_delta(final=False)  # the caller has that text
+            reason = seq.stop_reason_after(kv.first_token, self.max_model_len)
+            if reason is not None or self._detok[seq.request_id].stopped:
+                # The prefill side's first token already ended the request.
+                self.scheduler.finish(seq, reason or FinishReason.STOP)
+                return [self._output(seq, [], [])]
+            if seq.num_external_blocks:
+                self._handoffs[seq.request_id] = kv
+        self.scheduler.add(seq)
+        return []
+
+    def abort(self, request_id: str) -> None:
+        if self.scheduler.abort(request_id) is not None:
+            self._release(request_id)
+
+    def _release(self, request_id: str) -> None:
+        self._sequences.pop(request_id, None)
+        self._detok.pop(request_id, None)
+        self._handoffs.pop(request_id, None)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    def kv_usage_ratio(self) -> float:
+        return self.block_manager.usage_ratio()
+
+    # -- the step loop -------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.chunks:
+            return []
+        for load in out.loads:
+            kv = self._handoffs.pop(load.seq.request_id)
+            self.pool.import_blocks(load.seq.block_table[load.first:load.end],
+                                    kv.kv[:, :, :, load.first:load.end])
+        self.stats.steps += 1
+        self.stats.preemptions += len(out.preempted)
+        self.stats.prompt_tokens_computed += sum(
+            min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - min(c.start, c.seq.num_prompt_tokens)
+            for c in out.chunks)
+        seqs, tokens, logprobs = self.runner.execute(out)
+        exports = {id(s): self._export(s, t, lp) for s, t, lp in zip(seqs, tokens, logprobs,
+                                                                   strict=True) if s.prefill_only}
+        self.scheduler.commit(out, {id(s): t for s, t in zip(seqs, tokens, strict=True)})
+        self.stats.generated_tokens += len(seqs)
+        results = []
+        for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
+            if lp is not None:
+                seq.logprobs.append(lp)
+            results.append(self._output(seq, [token], [lp] if lp else [], exports.get(id(seq))))
+        return results
+
+    def _export(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> PrefillKV:
+        n = seq.num_prompt_tokens // self.config.block_size
+        return PrefillKV(block_hashes=list(seq.block_hashes[:n]),
+                         kv=self.pool.export_blocks(seq.block_table[:n]),
+                         first_token=token, first_logprob=lp)
+
+    def _output(self, seq: Sequence, new_ids: list[int], new_lps: list[TokenLogprob],
+                prefill_kv: PrefillKV | None = None) -> RequestOutput:
+        detok = self._detok[seq.request_id]
+        detok.add(new_ids)
+        if detok.stopped and not seq.is_finished:
+            self.scheduler.finish(seq, FinishReason.STOP)
+        finished = seq.is_finished
+        out = RequestOutput(
+            request_id=seq.request_id, new_token_ids=new_ids,
+            new_text=detok.take_delta(final=finished), finished=finished,
+            finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens,
+            new_logprobs=new_lps, prefill_kv=prefill_kv)
+        if finished:
+            self._release(seq.request_id)
+        return out
+
+    # -- convenience ---------------------------------------------------------------------
+    def generate(self, prompts: Iterable[str | list[int]],
+                 params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+        """Run prompts to completion (offline use, tests, benchmarks)."""
+        prompts = list(prompts)
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"generate-{i}-{random.getrandbits(32):08x}" for i in range(len(prompts))]
+        results = {rid: Completion(rid) for rid in ids}
+        for rid, prompt, p in zip(ids, prompts, plist, strict=True):
+            self.add_request(rid, prompt, p)
+        while self.has_unfinished:
+            for o in self.step():
+                results[o.request_id].absorb(o)
+        return [results[rid] for rid in ids]
+
+
+@dataclass
+class Completion:
+    """A whole request's result, accumulated from its outputs."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prefill_kv: PrefillKV | None = None
+
+    def absorb(self, out: RequestOutput) -> None:
+        self.token_ids += out.new_token_ids
+        self.text += out.new_text
+        self.logprobs += out.new_logprobs
+        self.num_prompt_tokens = out.num_prompt_tokens
+        self.num_cached_tokens = out.num_cached_tokens
+        if out.prefill_kv is not None:
+            self.prefill_kv = out.prefill_kv
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+
