@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_model import build_tiny_llama  # noqa: E402
+from tiny_model import build_tiny_llama
 
 torch.set_num_threads(1)
 
@@ -19,3 +19,34 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_factory(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    """Build fp32 engines on the tiny model; keyword arguments override EngineConfig fields."""
+    from cleave.runtime.engine.config import EngineConfig
+    from cleave.runtime.engine.llm_engine import LLMEngine
+
+    def make(**overrides: object) -> LLMEngine:
+        fields: dict[str, object] = {"model": str(tiny_model_dir), "dtype": "float32",
+                                     "kv_cache_bytes": 1 << 22}
+        fields.update(overrides)
+        return LLMEngine(EngineConfig(**fields), progress=lambda _: None)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """The reference: transformers' own generate, greedy, never stopping early."""
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                             dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=-1, pad_token_id=0)
+    return list(out[0, len(prompt):].tolist())

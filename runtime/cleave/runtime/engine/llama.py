@@ -172,7 +172,7 @@ class PagedLlama:
         for layer, k_cache, v_cache in zip(self.layers, k_pool, v_pool, strict=True):
             x = self._rms_norm(h, layer.input_norm)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+            q, k, v = torch.split(qkv, [nq * d, nkv * d, nkv * d], dim=-1)
             q = self._rope(q.view(num_tokens, nq, d), cos, sin)
             k = self._rope(k.view(num_tokens, nkv, d), cos, sin)
             v = v.view(num_tokens, nkv, d)

@@ -10,24 +10,31 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-
 from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
 from cleave.runtime.engine.block_manager import BlockManager
-from cleave.runtime.engine.config import GiB, EngineConfig
+from cleave.runtime.engine.config import EngineConfig, GiB
 from cleave.runtime.engine.detokenizer import IncrementalDetokenizer
 from cleave.runtime.engine.kv_pool import KVPool
 from cleave.runtime.engine.llama import LlamaShape, PagedLlama
 from cleave.runtime.engine.model_runner import ModelRunner
 from cleave.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from cleave.runtime.engine.sequence import (
-    FinishReason, RequestError, SamplingParams, Sequence, TokenLogprob,
+    FinishReason,
+    RequestError,
+    SamplingParams,
+    Sequence,
+    TokenLogprob,
 )
 from cleave.runtime.models.device import resolve_device, resolve_dtype
 from cleave.runtime.models.loader import (
-    Progress, _stderr, load_config, load_state_dict, load_tokenizer, resolve_model,
+    Progress,
+    _stderr,
+    load_config,
+    load_state_dict,
+    load_tokenizer,
+    resolve_model,
 )
 
 
@@ -73,6 +80,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         progress(f"loading model '{config.model}' ({self.dtype}, {self.device})")
         files = resolve_model(config.model, config.cache_dir, progress)
+        self.model_files = files
         hf_config, shape = load_config(files)
         self.shape: LlamaShape = shape
         self.hf_config = hf_config
@@ -226,7 +234,7 @@ class LLMEngine:
         self.stats.steps += 1
         self.stats.preemptions += len(out.preempted)
         self.stats.prompt_tokens_computed += sum(
-            min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - min(c.start, c.seq.num_prompt_tokens)
+            max(0, min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - c.start)
             for c in out.chunks)
         seqs, tokens, logprobs = self.runner.execute(out)
         exports = {id(s): self._export(s, t, lp) for s, t, lp in zip(seqs, tokens, logprobs,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from cleave.runtime.engine.kv_pool import KVPool
 from cleave.runtime.engine.llama import AttentionBatch, PagedLlama
 from cleave.runtime.engine.sampler import sample

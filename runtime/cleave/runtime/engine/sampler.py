@@ -8,7 +8,6 @@ draws exactly the same tokens as one that ran straight through.
 from __future__ import annotations
 
 import torch
-
 from cleave.runtime.engine.sequence import Sequence, TokenLogprob
 
 _MIX = 6364136223846793005
@@ -34,7 +33,8 @@ def _filtered(logits: torch.Tensor, temperature: float, top_k: int, top_p: float
     return logits
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
+def sample(logits: torch.Tensor,
+           seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
     """One token per row of fp32 ``logits`` ``[len(seqs), vocab]``."""
     tokens = logits.argmax(dim=-1).tolist()
     for row, seq in enumerate(seqs):

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from cleave.runtime.engine.llama import SUPPORTED_MODEL_TYPES, LlamaShape
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

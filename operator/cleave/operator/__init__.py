@@ -1,0 +1,1 @@
+"""Control plane: the LLMService operator and autoscaler (never imports torch or the runtime)."""

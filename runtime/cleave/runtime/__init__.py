@@ -1,0 +1,1 @@
+"""Data plane: the inference engine, workers, router and their metrics."""

@@ -1,0 +1,1 @@
+"""The engine: torch-free scheduler and block manager, a paged-KV model runner, a thin step loop."""

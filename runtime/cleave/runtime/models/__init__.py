@@ -1,0 +1,1 @@
+"""Finding, converting and loading models; device and dtype selection."""
