@@ -168,3 +168,13 @@ def test_stop_string_and_eos_end_the_request(tiny_engine_factory) -> None:
     [eos] = engine.generate([prompt], SamplingParams(max_tokens=30, stop_token_ids=(token,)))
     assert eos.token_ids == free.token_ids[:free.token_ids.index(token) + 1]
     assert eos.finish_reason is FinishReason.STOP
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 7])
+def test_tiny_token_budgets_still_match(tiny_engine_factory, tiny_hf_model, budget: int) -> None:
+    # Budgets this small cut prompts into one-token chunks that must not be sampled.
+    engine = tiny_engine_factory(max_num_batched_tokens=budget)
+    prompts = _prompts(3, [9, 20, 4], seed=29)
+    results = engine.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.token_ids == hf_greedy(tiny_hf_model, prompt, 6)

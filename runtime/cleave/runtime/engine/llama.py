@@ -77,6 +77,16 @@ class LayerWeights:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode tokens ``[first, first + count)``, attended in one padded batch."""
+
+    first: int
+    count: int
+    block_tables: torch.Tensor  # [count, max_blocks]
+    mask: torch.Tensor  # [1, count, 1, max_blocks * block_size] bool, True = attend
+
+
+@dataclass
 class AttentionBatch:
     """How the flat token batch of one step maps onto sequences and the pool.
 
@@ -85,9 +95,7 @@ class AttentionBatch:
 
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T] flat index into the pool's (block, offset) slots
-    num_decode: int
-    decode_block_tables: torch.Tensor | None  # [D, max_blocks]
-    decode_mask: torch.Tensor | None  # [1, D, 1, max_blocks * block_size] bool, True = attend
+    decode_groups: list[DecodeGroup]
     # One entry per prefill chunk: (first token in batch, length, context before the chunk,
     # block table [n_blocks] when the chunk attends over earlier context, causal mask).
     prefills: list[tuple[int, int, int, torch.Tensor | None, torch.Tensor | None]]
@@ -190,12 +198,11 @@ class PagedLlama:
                    k_cache: torch.Tensor, v_cache: torch.Tensor,
                    batch: AttentionBatch) -> torch.Tensor:
         out = torch.empty_like(q)
-        nd = batch.num_decode
-        if nd:
-            assert batch.decode_block_tables is not None and batch.decode_mask is not None
-            out[:nd] = self._decode_attention(
-                q[:nd], _gather(k_cache, batch.decode_block_tables),
-                _gather(v_cache, batch.decode_block_tables), batch.decode_mask)
+        for g in batch.decode_groups:
+            end = g.first + g.count
+            out[g.first:end] = self._decode_attention(
+                q[g.first:end], _gather(k_cache, g.block_tables),
+                _gather(v_cache, g.block_tables), g.mask)
         for first, length, context, table, mask in batch.prefills:
             qi = q[first:first + length].transpose(0, 1)
             if table is None:

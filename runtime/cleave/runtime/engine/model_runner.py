@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from cleave.runtime.engine.kv_pool import KVPool
-from cleave.runtime.engine.llama import AttentionBatch, PagedLlama
+from cleave.runtime.engine.llama import AttentionBatch, DecodeGroup, PagedLlama
 from cleave.runtime.engine.sampler import sample
 from cleave.runtime.engine.scheduler import ScheduledChunk, SchedulerOutput
 from cleave.runtime.engine.sequence import Sequence, TokenLogprob
@@ -24,27 +24,37 @@ class ModelRunner:
         bs, table = self.block_size, seq.block_table
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
-    def prepare(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, AttentionBatch]:
+    def prepare(self, chunks: list[ScheduledChunk]
+                ) -> tuple[torch.Tensor, AttentionBatch, list[Sequence]]:
+        """Flatten a step into model inputs; also returns the sequences in logits-row order."""
         bs = self.block_size
-        decodes = [c for c in chunks if c.num_tokens == 1]
-        prefills = [c for c in chunks if c.num_tokens > 1]
+        # Decodes sorted by context length, so each width group is a contiguous run.
+        # (A one-token chunk that does not reach the end is a prefill cut by the budget.)
+        decodes = sorted((c for c in chunks if c.num_tokens == 1 and c.samples),
+                         key=lambda c: c.start)
+        prefills = [c for c in chunks if not (c.num_tokens == 1 and c.samples)]
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         logits_at: list[int] = []
+        sampled: list[Sequence] = []
         for c in decodes:
+            sampled.append(c.seq)
             logits_at.append(len(ids))
             ids.append(c.seq.token_ids[c.start])
             positions.append(c.start)
             slots += self._slots(c.seq, c.start, c.start + 1)
-        tables = mask = None
-        if decodes:
-            width = max(-(-(c.start + 1) // bs) for c in decodes)
-            tables = torch.tensor([_pad(c.seq.block_table[:width], width) for c in decodes],
+        groups: list[DecodeGroup] = []
+        widths = [-(-(c.start + 1) // bs) for c in decodes]
+        for lo, hi in group_by_width(widths, bs):
+            width = widths[hi - 1]
+            members = decodes[lo:hi]
+            tables = torch.tensor([_pad(c.seq.block_table[:width], width) for c in members],
                                   dtype=torch.long, device=self.device)
-            lengths = self._tensor([c.start + 1 for c in decodes])
+            lengths = self._tensor([c.start + 1 for c in members])
             span = torch.arange(width * bs, device=self.device)
             mask = (span[None, :] < lengths[:, None])[None, :, None, :]
+            groups.append(DecodeGroup(lo, hi - lo, tables, mask))
         prefill_specs: list[tuple[int, int, int, torch.Tensor | None, torch.Tensor | None]] = []
         for c in prefills:
             first = len(ids)
@@ -59,27 +69,52 @@ class ModelRunner:
                 causal = torch.arange(end, device=self.device)[None, :] <= q_pos[:, None]
             prefill_specs.append((first, c.num_tokens, c.start, table, causal))
             if c.samples:
+                sampled.append(c.seq)
                 logits_at.append(len(ids) - 1)
         batch = AttentionBatch(
             positions=self._tensor(positions),
             slot_mapping=self._tensor(slots),
-            num_decode=len(decodes),
-            decode_block_tables=tables,
-            decode_mask=mask,
+            decode_groups=groups,
             prefills=prefill_specs,
             logits_indices=self._tensor(logits_at),
         )
-        return self._tensor(ids), batch
+        return self._tensor(ids), batch, sampled
 
     def execute(self, out: SchedulerOutput) -> tuple[list[Sequence], list[int],
                                                      list[TokenLogprob | None]]:
         """Run the forward for the scheduled chunks and sample; returns (seqs, tokens, logprobs)."""
-        chunks = sorted(out.chunks, key=lambda c: c.num_tokens > 1)
-        input_ids, batch = self.prepare(chunks)
+        input_ids, batch, sampled = self.prepare(out.chunks)
         logits = self.model.forward(input_ids, batch, self.pool.k, self.pool.v)
-        sampled = [c.seq for c in chunks if c.samples]
         tokens, logprobs = sample(logits, sampled)
         return sampled, tokens, logprobs
+
+
+# Fixed cost of one more attention group (about a dozen ops per layer), in padded tokens it
+# would take to cost as much; measured on SmolLM2-135M, one CPU thread.
+GROUP_OVERHEAD_TOKENS = 1024
+
+
+def group_by_width(widths: list[int], block_size: int,
+                   overhead_tokens: int = GROUP_OVERHEAD_TOKENS) -> list[tuple[int, int]]:
+    """Split ascending block-table widths into runs that minimise padded work.
+
+    A batched decode attention pads every sequence to its group's widest; one group per
+    sequence pays fixed per-op overhead instead. Dynamic programming over split points
+    weighs the two: cost(group) = members * widest * block_size + overhead_tokens.
+    """
+    n = len(widths)
+    best = [0] + [0] * n
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        best[end], cut[end] = min(
+            (best[start] + (end - start) * widths[end - 1] * block_size + overhead_tokens, start)
+            for start in range(end))
+    spans: list[tuple[int, int]] = []
+    end = n
+    while end:
+        spans.append((cut[end], end))
+        end = cut[end]
+    return spans[::-1]
 
 
 def _pad(values: list[int], width: int) -> list[int]:
