@@ -7,7 +7,7 @@ FLOP/s over a large bf16 matmul's FLOP/s) and batch-1 decode bandwidth use (weig
 read per step over a large tensor read's bandwidth).
 
     python bench/engine.py            # 32 requests, 2 rounds (~5 min on 2 CPU cores)
-    python bench/engine.py --quick    # 10 requests, 1 round (<3 min)
+    python bench/engine.py --quick    # 16 requests, 1 round (<3 min)
 
 The last line is one JSON object with the figures and ratios.
 """
@@ -22,16 +22,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from hf_baselines import run_hf_continuous_batching, run_hf_generate  # noqa: E402
-
-from cleave.runtime.engine.config import EngineConfig  # noqa: E402
-from cleave.runtime.engine.llm_engine import LLMEngine  # noqa: E402
-from cleave.runtime.engine.sequence import SamplingParams  # noqa: E402
+from cleave.runtime.engine.config import EngineConfig
+from cleave.runtime.engine.llm_engine import LLMEngine
+from cleave.runtime.engine.sequence import SamplingParams
+from hf_baselines import run_hf_continuous_batching, run_hf_generate
 
 Requests = list[tuple[list[int], int]]
 
@@ -128,25 +128,29 @@ def decode_bandwidth(engine: LLMEngine, bandwidth: float) -> tuple[float, float]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="10 requests, one round")
+    parser.add_argument("--quick", action="store_true", help="16 requests, one round")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="model name or local path (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    n_requests = args.requests or (10 if args.quick else 32)
+    n_requests = args.requests or (16 if args.quick else 32)
     rounds = args.rounds or (1 if args.quick else 2)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    engine = LLMEngine(EngineConfig(dtype=args.dtype, device=args.device,
-                                    num_threads=args.threads), progress=log)
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                                    num_threads=args.threads, kv_cache_bytes=2 << 30),
+                       progress=log)
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(engine.model_files.directory),
-                                              dtype=engine.dtype).to(engine.device).eval()
+    hf: Any = AutoModelForCausalLM.from_pretrained(str(engine.model_files.directory),
+                                                   dtype=engine.dtype)
+    hf = hf.to(engine.device).eval()
     requests = make_requests(n_requests, args.seed, engine.shape.vocab_size)
     log(f"{n_requests} requests, prompts 32-512, outputs 16-128, {rounds} round(s), "
         f"{engine.dtype}, {engine.device}, {args.threads} thread(s)")

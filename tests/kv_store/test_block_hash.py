@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from cleave.kv_store.block_hash import (
     DEFAULT_BLOCK_SIZE,
     HASH_BYTES,
@@ -84,7 +83,8 @@ def _hashes_in_subprocess(seed: str) -> dict[str, object]:
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    return json.loads(result.stdout)
+    parsed: dict[str, object] = json.loads(result.stdout)
+    return parsed
 
 
 def test_deterministic_across_processes_with_different_hash_seeds() -> None:
@@ -121,7 +121,7 @@ def test_trailing_partial_block_has_no_hash() -> None:
     assert len(chain_hashes(root, TOKENS[:7], 4)) == 1
     assert len(chain_hashes(root, TOKENS[:8], 4)) == 2
     # Tokens in the partial block do not influence the full blocks' hashes.
-    assert chain_hashes(root, TOKENS[:16] + [1, 2], 4) == chain_hashes(root, TOKENS[:16], 4)
+    assert chain_hashes(root, [*TOKENS[:16], 1, 2], 4) == chain_hashes(root, TOKENS[:16], 4)
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_trailing_partial_block_has_no_hash() -> None:
     ],
 )
 def test_every_fingerprint_field_changes_the_root(field: str, value: object) -> None:
-    other = dataclasses.replace(FP, **{field: value})
+    other = dataclasses.replace(FP, **{field: value})  # type: ignore[arg-type]
     assert other.root_hash() != FP.root_hash()
     # And so every block under it differs too.
     a = chain_hashes(FP.root_hash(), TOKENS, 4)
