@@ -28,10 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from hf_baselines import run_hf_continuous_batching, run_hf_generate
+
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
 from cleave.runtime.engine.sequence import SamplingParams
-from hf_baselines import run_hf_continuous_batching, run_hf_generate
 
 Requests = list[tuple[list[int], int]]
 
@@ -66,9 +67,7 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float
 
 def run_cleave(engine: LLMEngine, requests: Requests) -> tuple[int, float, list[list[int]]]:
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests]
-    engine.block_manager.hash_to_block.clear()  # no prefix hits carried over from a warm-up
-    for b in range(engine.block_manager.num_blocks):
-        engine.block_manager.block_hash[b] = None
+    engine.block_manager.reset_prefix_cache()  # no prefix hits carried over from a warm-up
     sync(engine.device)
     start = time.perf_counter()
     results = engine.generate([p for p, _ in requests], params)

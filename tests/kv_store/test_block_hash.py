@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+
 from cleave.kv_store.block_hash import (
     DEFAULT_BLOCK_SIZE,
     HASH_BYTES,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from cleave.runtime.engine.async_engine import AsyncEngine
 from cleave.runtime.engine.sequence import FinishReason, RequestError, SamplingParams
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from cleave.runtime.engine.config import EngineConfig, parse_bytes
 from cleave.runtime.engine.llm_engine import LLMEngine
 from cleave.runtime.engine.sequence import RequestError, SamplingParams
@@ -99,3 +100,13 @@ def test_parse_bytes() -> None:
     assert parse_bytes("512MiB") == 512 << 20
     assert parse_bytes("1.5G") == 3 << 29
     assert parse_bytes("1000") == 1000
+
+
+def test_sliding_window_models_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "mistralish"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=32)
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="sliding-window"):
+        LLMEngine(EngineConfig(model=str(model)), progress=lambda _: None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
 from cleave.runtime.engine.block_manager import BlockManager
 from cleave.runtime.engine.sequence import SamplingParams, Sequence
@@ -423,3 +424,20 @@ def test_duplicate_content_keeps_first_cached_block() -> None:
     c = make_seq(prompt(9))
     assert bm.allocate(c)
     assert c.block_table[:2] == a_head
+
+
+def test_reset_prefix_cache_forgets_free_blocks_but_not_live_ones() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS, root_hash=ROOT)
+    live, done = make_seq(prompt(9)), make_seq(prompt(9, base=2000))
+    for s in (live, done):
+        assert bm.allocate(s)
+        computed(bm, s, 8)
+    bm.free(done)
+    bm.reset_prefix_cache()
+    again = make_seq(prompt(9, base=2000))
+    assert bm.allocate(again)
+    assert again.num_cached_tokens == 0  # the freed chain is forgotten
+    shared = make_seq(prompt(9))
+    assert bm.allocate(shared)
+    assert shared.num_cached_tokens == 8  # the live chain still serves hits
+    check_invariants(bm, [live, again, shared])

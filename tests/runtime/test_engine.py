@@ -6,8 +6,9 @@ import random
 
 import pytest
 import torch
-from cleave.runtime.engine.sequence import FinishReason, SamplingParams
 from conftest import hf_greedy
+
+from cleave.runtime.engine.sequence import FinishReason, SamplingParams
 
 
 def _prompts(n: int, lengths: list[int], seed: int = 0) -> list[list[int]]:

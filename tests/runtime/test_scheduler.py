@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 
 import pytest
+
 from cleave.kv_store.block_hash import KVFingerprint
 from cleave.runtime.engine.block_manager import BlockManager
 from cleave.runtime.engine.scheduler import (

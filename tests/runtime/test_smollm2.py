@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import hf_greedy
+
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
 from cleave.runtime.engine.sequence import SamplingParams
-from conftest import hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -30,3 +31,14 @@ def test_smollm2_greedy_matches_transformers_fp32() -> None:
     for prompt, result in zip(prompts, results, strict=True):
         assert result.token_ids == hf_greedy(reference, prompt, 16)
     assert "Paris" in results[0].text
+
+
+def test_default_model_by_name_or_by_path_is_one_identity() -> None:
+    from cleave.runtime.models.loader import DEFAULT_MODEL, _default_gguf, resolve_model
+
+    gguf, _ = _default_gguf()
+    by_name = resolve_model(DEFAULT_MODEL)
+    by_path = resolve_model(str(gguf))
+    assert by_name.weights_digest == by_path.weights_digest
+    assert len(by_name.weights_digest) == 64  # hex sha256 of the file, as RECORD states
+    assert by_name.directory == by_path.directory  # converted once, shared

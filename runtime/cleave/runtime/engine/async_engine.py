@@ -15,7 +15,8 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from cleave.runtime.engine.llm_engine import LLMEngine, PrefillKV, RequestOutput
+from cleave.runtime.engine.llm_engine import LLMEngine
+from cleave.runtime.engine.outputs import PrefillKV, RequestOutput
 from cleave.runtime.engine.sequence import SamplingParams, Sequence
 
 

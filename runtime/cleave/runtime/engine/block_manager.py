@@ -60,6 +60,13 @@ class BlockManager:
             hits.append(block)
         return hits
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached free block (benchmarks, tests); blocks in use are untouched."""
+        for block, h in enumerate(self.block_hash):
+            if h is not None and self.ref_counts[block] == 0:
+                self.block_hash[block] = None
+                del self.hash_to_block[h]
+
     # -- allocation ----------------------------------------------------------------------
     def allocate(self, seq: Sequence) -> bool:
         """Give a waiting sequence blocks for all its tokens, reusing cached prefix blocks.

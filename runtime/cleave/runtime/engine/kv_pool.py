@@ -8,6 +8,7 @@ decode workers needs.
 from __future__ import annotations
 
 import torch
+
 from cleave.runtime.engine.llama import LlamaShape
 
 

@@ -39,6 +39,8 @@ class LlamaShape:
         rope_type = rope.get("rope_type", "default")
         if rope_type != "default":
             raise ValueError(f"rope scaling '{rope_type}' is not supported yet")
+        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+            raise ValueError("sliding-window attention is not supported yet")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cls(
             vocab_size=cfg.vocab_size,

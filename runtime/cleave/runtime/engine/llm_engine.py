@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
 from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
 from cleave.runtime.engine.block_manager import BlockManager
 from cleave.runtime.engine.config import EngineConfig, GiB
@@ -19,6 +20,7 @@ from cleave.runtime.engine.detokenizer import IncrementalDetokenizer
 from cleave.runtime.engine.kv_pool import KVPool
 from cleave.runtime.engine.llama import LlamaShape, PagedLlama
 from cleave.runtime.engine.model_runner import ModelRunner
+from cleave.runtime.engine.outputs import Completion, PrefillKV, RequestOutput
 from cleave.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from cleave.runtime.engine.sequence import (
     FinishReason,
@@ -30,38 +32,12 @@ from cleave.runtime.engine.sequence import (
 from cleave.runtime.models.device import resolve_device, resolve_dtype
 from cleave.runtime.models.loader import (
     Progress,
-    _stderr,
     load_config,
     load_state_dict,
     load_tokenizer,
+    log_to_stderr,
     resolve_model,
 )
-
-
-@dataclass(frozen=True)
-class PrefillKV:
-    """A prompt's KV handed from a prefill engine to a decode engine."""
-
-    block_hashes: list[bytes]
-    kv: torch.Tensor  # [layers, 2, kv_heads, len(block_hashes), block_size, head_dim]
-    first_token: int
-    first_logprob: TokenLogprob | None = None
-
-
-@dataclass
-class RequestOutput:
-    """What one step added to one request."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    finished: bool
-    finish_reason: FinishReason | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_cached_tokens: int
-    new_logprobs: list[TokenLogprob] = field(default_factory=list)
-    prefill_kv: PrefillKV | None = None
 
 
 @dataclass
@@ -73,7 +49,7 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, progress: Progress = _stderr) -> None:
+    def __init__(self, config: EngineConfig, progress: Progress = log_to_stderr) -> None:
         torch.set_num_threads(config.num_threads)
         self.config = config
         self.device = resolve_device(config.device)
@@ -285,30 +261,3 @@ class LLMEngine:
             for o in self.step():
                 results[o.request_id].absorb(o)
         return [results[rid] for rid in ids]
-
-
-@dataclass
-class Completion:
-    """A whole request's result, accumulated from its outputs."""
-
-    request_id: str
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prefill_kv: PrefillKV | None = None
-
-    def absorb(self, out: RequestOutput) -> None:
-        self.token_ids += out.new_token_ids
-        self.text += out.new_text
-        self.logprobs += out.new_logprobs
-        self.num_prompt_tokens = out.num_prompt_tokens
-        self.num_cached_tokens = out.num_cached_tokens
-        if out.prefill_kv is not None:
-            self.prefill_kv = out.prefill_kv
-        if out.finished:
-            self.finish_reason = out.finish_reason
-
-

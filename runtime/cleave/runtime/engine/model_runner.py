@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from cleave.runtime.engine.kv_pool import KVPool
 from cleave.runtime.engine.llama import AttentionBatch, DecodeGroup, PagedLlama
 from cleave.runtime.engine.sampler import sample

