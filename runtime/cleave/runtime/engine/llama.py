@@ -233,9 +233,9 @@ class PagedLlama:
         nd, nq, d = q.shape
         nkv = k.shape[0]
         qg = q.view(nd, nkv, nq // nkv, d).transpose(0, 1)
-        scores = torch.matmul(qg, k.transpose(-1, -2)).float() * (d ** -0.5)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        probs = scores.softmax(dim=-1).to(q.dtype)
+        scores = torch.matmul(qg * d ** -0.5, k.transpose(-1, -2))
+        # softmax accumulates in fp32 internally whatever the dtype; no casts needed.
+        probs = scores.masked_fill_(~mask, float("-inf")).softmax(dim=-1)
         return torch.matmul(probs, v).transpose(0, 1).reshape(nd, nq, d)
 
 

@@ -1,0 +1,106 @@
+"""The stored-block format: a versioned, checksummed header, then the raw tensor bytes.
+
+No pickle: a value is plain bytes any process can check before trusting. The header binds
+the value to the block hash it was stored under, so a value that is corrupt, truncated, of
+another format version, or sitting under the wrong key decodes to a miss, never to wrong KV.
+
+Layout (little-endian)::
+
+    magic "CLKV" | version u16 | dtype u8 | ndim u8 | tokens u32 | block_hash 32B
+    | payload_len u64 | crc32 u32 | shape u32 * ndim | payload
+
+The CRC covers every header byte before it, the shape and the payload.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+MAGIC = b"CLKV"
+FORMAT_VERSION = 1
+_FIXED = struct.Struct("<4sHBBI32sQ")  # up to and excluding the crc
+_CRC = struct.Struct("<I")
+DTYPE_CODES = {"bfloat16": 1, "float16": 2, "float32": 3}
+DTYPE_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_CODE_DTYPES = {code: name for name, code in DTYPE_CODES.items()}
+MAX_NDIM = 8
+
+
+class CorruptBlock(ValueError):
+    """A stored value that must not be trusted; callers count it and treat it as a miss."""
+
+
+@dataclass(frozen=True)
+class BlockHeader:
+    dtype: str
+    shape: tuple[int, ...]
+    num_tokens: int
+    block_hash: bytes
+
+    @property
+    def payload_len(self) -> int:
+        n = DTYPE_SIZES[self.dtype]
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+def encode(header: BlockHeader, payload: memoryview | bytes) -> list[bytes | memoryview]:
+    """The value as parts (header bytes, then the payload untouched): no payload copy here."""
+    if header.dtype not in DTYPE_CODES:
+        raise ValueError(f"unsupported dtype {header.dtype!r}")
+    if not 0 < len(header.shape) <= MAX_NDIM:
+        raise ValueError(f"shape must have 1..{MAX_NDIM} dims, got {header.shape}")
+    if len(header.block_hash) != 32:
+        raise ValueError("block_hash must be 32 bytes")
+    data = memoryview(payload).cast("B")
+    if data.nbytes != header.payload_len:
+        raise ValueError(f"payload is {data.nbytes} bytes; {header.shape} {header.dtype} "
+                         f"needs {header.payload_len}")
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[header.dtype], len(header.shape),
+                        header.num_tokens, header.block_hash, data.nbytes)
+    shape = struct.pack(f"<{len(header.shape)}I", *header.shape)
+    crc = zlib.crc32(data, zlib.crc32(shape, zlib.crc32(fixed)))
+    return [fixed + _CRC.pack(crc) + shape, data]
+
+
+def encode_bytes(header: BlockHeader, payload: memoryview | bytes) -> bytes:
+    return b"".join(encode(header, payload))
+
+
+def decode(value: bytes | memoryview, expected_hash: bytes | None = None
+           ) -> tuple[BlockHeader, memoryview]:
+    """Check a stored value; returns its header and a zero-copy view of the payload.
+
+    Raises :class:`CorruptBlock` for anything that is not exactly a block of this format,
+    stored under ``expected_hash`` when given.
+    """
+    view = memoryview(value).cast("B")
+    if view.nbytes < _FIXED.size + _CRC.size:
+        raise CorruptBlock("value shorter than the header")
+    magic, version, code, ndim, tokens, block_hash, payload_len = _FIXED.unpack_from(view)
+    if magic != MAGIC:
+        raise CorruptBlock("bad magic")
+    if version != FORMAT_VERSION:
+        raise CorruptBlock(f"format version {version}, expected {FORMAT_VERSION}")
+    if code not in _CODE_DTYPES or not 0 < ndim <= MAX_NDIM:
+        raise CorruptBlock("bad dtype or ndim")
+    shape_at = _FIXED.size + _CRC.size
+    payload_at = shape_at + 4 * ndim
+    if view.nbytes != payload_at + payload_len:
+        raise CorruptBlock(f"value is {view.nbytes} bytes, header says {payload_at + payload_len}")
+    (crc,) = _CRC.unpack_from(view, _FIXED.size)
+    shape = struct.unpack_from(f"<{ndim}I", view, shape_at)
+    header = BlockHeader(_CODE_DTYPES[code], tuple(shape), tokens, bytes(block_hash))
+    if header.payload_len != payload_len:
+        raise CorruptBlock("shape and dtype disagree with the payload length")
+    payload = view[payload_at:]
+    got = zlib.crc32(payload, zlib.crc32(view[shape_at:payload_at],
+                                         zlib.crc32(view[:_FIXED.size])))
+    if got != crc:
+        raise CorruptBlock("checksum mismatch")
+    if expected_hash is not None and header.block_hash != expected_hash:
+        raise CorruptBlock("value belongs to another block")
+    return header, payload
