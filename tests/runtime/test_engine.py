@@ -63,7 +63,7 @@ def test_prefill_and_decode_in_two_engines_equal_one(tiny_engine_factory) -> Non
             outs += prefill.step()
         [handoff] = outs
         assert handoff.finish_reason is FinishReason.PREFILL_DONE
-        kv = handoff.prefill_kv
+        kv = handoff.handoff
         assert kv is not None and len(kv.block_hashes) == len(prompt) // 16
         assert kv.first_token == want.token_ids[0] == first.token_ids[0]
         before = decode.stats.prompt_tokens_computed
@@ -83,10 +83,10 @@ def test_tampered_handoff_is_recomputed_not_trusted(tiny_engine_factory) -> None
     [want] = single.generate([prompt], GREEDY)
     prefill.add_request("p", prompt, GREEDY, prefill_only=True)
     [handoff] = prefill.step()
-    kv = handoff.prefill_kv
+    kv = handoff.handoff
     assert kv is not None
     forged = type(kv)(block_hashes=[kv.block_hashes[0], b"\0" * 32, *kv.block_hashes[2:]],
-                      kv=kv.kv, first_token=kv.first_token)
+                      blocks=kv.blocks, first_token=kv.first_token)
     decode.add_request("d", prompt, GREEDY, kv=forged)
     got = [kv.first_token]
     while decode.has_unfinished:

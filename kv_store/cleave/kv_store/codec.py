@@ -47,27 +47,49 @@ class BlockHeader:
         return n
 
 
-def encode(header: BlockHeader, payload: memoryview | bytes) -> list[bytes | memoryview]:
-    """The value as parts (header bytes, then the payload untouched): no payload copy here."""
+def header_size(ndim: int) -> int:
+    return _FIXED.size + _CRC.size + 4 * ndim
+
+
+def _check(header: BlockHeader) -> None:
     if header.dtype not in DTYPE_CODES:
         raise ValueError(f"unsupported dtype {header.dtype!r}")
     if not 0 < len(header.shape) <= MAX_NDIM:
         raise ValueError(f"shape must have 1..{MAX_NDIM} dims, got {header.shape}")
     if len(header.block_hash) != 32:
         raise ValueError("block_hash must be 32 bytes")
+
+
+def encode_into(value: memoryview, header: BlockHeader) -> None:
+    """Write the header in front of a payload already in place at ``value[header_size:]``.
+
+    Producers lay each block's tensor bytes straight into its value buffer, so the write path
+    never copies a payload to prepend a header.
+    """
+    _check(header)
+    start = header_size(len(header.shape))
+    if value.nbytes != start + header.payload_len:
+        raise ValueError(f"value buffer is {value.nbytes} bytes, needs "
+                         f"{start + header.payload_len}")
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[header.dtype], len(header.shape),
+                        header.num_tokens, header.block_hash, header.payload_len)
+    shape = struct.pack(f"<{len(header.shape)}I", *header.shape)
+    crc = zlib.crc32(value[start:], zlib.crc32(shape, zlib.crc32(fixed)))
+    value[:start] = fixed + _CRC.pack(crc) + shape
+
+
+def encode(header: BlockHeader, payload: memoryview | bytes) -> bytes:
+    """Header and payload as one new value (a copy; producers use :func:`encode_into`)."""
+    _check(header)
     data = memoryview(payload).cast("B")
     if data.nbytes != header.payload_len:
         raise ValueError(f"payload is {data.nbytes} bytes; {header.shape} {header.dtype} "
                          f"needs {header.payload_len}")
-    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[header.dtype], len(header.shape),
-                        header.num_tokens, header.block_hash, data.nbytes)
-    shape = struct.pack(f"<{len(header.shape)}I", *header.shape)
-    crc = zlib.crc32(data, zlib.crc32(shape, zlib.crc32(fixed)))
-    return [fixed + _CRC.pack(crc) + shape, data]
-
-
-def encode_bytes(header: BlockHeader, payload: memoryview | bytes) -> bytes:
-    return b"".join(encode(header, payload))
+    start = header_size(len(header.shape))
+    value = bytearray(start + data.nbytes)
+    value[start:] = data
+    encode_into(memoryview(value), header)
+    return bytes(value)
 
 
 def decode(value: bytes | memoryview, expected_hash: bytes | None = None

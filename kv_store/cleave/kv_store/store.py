@@ -10,12 +10,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from cleave.kv_store.codec import BlockHeader, CorruptBlock, decode, encode_bytes
+from cleave.kv_store.codec import BlockHeader, CorruptBlock, decode
 from cleave.kv_store.keys import KeySpace
 
 
 class StoreUnavailable(RuntimeError):
     """The store could not answer in time (down, paused, unreachable, overloaded)."""
+
+
+@dataclass(frozen=True)
+class EncodedBlock:
+    """A block ready to store: its hash and its whole encoded value (see ``codec``)."""
+
+    block_hash: bytes
+    value: memoryview | bytes
+
+    @property
+    def nbytes(self) -> int:
+        return memoryview(self.value).nbytes
 
 
 @dataclass(frozen=True)
@@ -31,7 +43,7 @@ class StoredBlock:
 class BlockStore(Protocol):
     keys: KeySpace
 
-    async def put_many(self, blocks: Sequence[StoredBlock]) -> int:
+    async def put_many(self, blocks: Sequence[EncodedBlock]) -> int:
         """Store blocks (one atomic write each, with a TTL); returns how many were written."""
 
     async def get_many(self, hashes: Sequence[bytes]) -> list[StoredBlock | None]:
@@ -39,6 +51,9 @@ class BlockStore(Protocol):
 
     async def longest_cached_prefix(self, hashes: Sequence[bytes]) -> int:
         """How many leading blocks of a hash chain are present."""
+
+    async def fetch_prefix(self, hashes: Sequence[bytes]) -> list[StoredBlock]:
+        """The longest run of leading blocks that exist and verify."""
 
     async def delete_namespace(self) -> int:
         """Delete every block of this store's namespace; returns the number deleted."""
@@ -54,9 +69,9 @@ class MemoryBlockStore:
         self.values: dict[bytes, bytes] = {}
         self.corrupt_blocks = 0
 
-    async def put_many(self, blocks: Sequence[StoredBlock]) -> int:
+    async def put_many(self, blocks: Sequence[EncodedBlock]) -> int:
         for b in blocks:
-            self.values[self.keys.block_key(b.block_hash)] = encode_bytes(b.header, b.payload)
+            self.values[self.keys.block_key(b.block_hash)] = bytes(b.value)
         return len(blocks)
 
     async def get_many(self, hashes: Sequence[bytes]) -> list[StoredBlock | None]:
@@ -82,6 +97,14 @@ class MemoryBlockStore:
                 break
             n += 1
         return n
+
+    async def fetch_prefix(self, hashes: Sequence[bytes]) -> list[StoredBlock]:
+        prefix: list[StoredBlock] = []
+        for block in await self.get_many(hashes[: await self.longest_cached_prefix(hashes)]):
+            if block is None:
+                break
+            prefix.append(block)
+        return prefix
 
     async def delete_namespace(self) -> int:
         prefix = self.keys.namespace_pattern()[:-1]

@@ -16,14 +16,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from cleave.runtime.engine.llm_engine import LLMEngine
-from cleave.runtime.engine.outputs import PrefillKV, RequestOutput
+from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
 from cleave.runtime.engine.sequence import SamplingParams, Sequence
 
 
 @dataclass(frozen=True)
 class _Add:
     seq: Sequence
-    kv: PrefillKV | None
+    kv: KVHandoff | None
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class AsyncEngine:
     # -- caller side ---------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams, *,
                        request_id: str | None = None, prefill_only: bool = False,
-                       kv: PrefillKV | None = None) -> AsyncIterator[RequestOutput]:
+                       kv: KVHandoff | None = None) -> AsyncIterator[RequestOutput]:
         """Yield one :class:`RequestOutput` per step until the request finishes.
 
         Leaving the loop early (break, cancellation, client disconnect) aborts the request

@@ -43,11 +43,24 @@ class KVPool:
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        """A copy of the blocks' KV: ``[layers, 2, kv_heads, n, block_size, head_dim]``."""
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.data.device)
-        return self.data.index_select(3, index)
+    def export_blocks(self, block_ids: list[int], header_room: int = 0
+                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Copy blocks out to host memory, one row per block, ``header_room`` bytes in front.
 
-    def import_blocks(self, block_ids: list[int], kv: torch.Tensor) -> None:
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.data.device)
-        self.data.index_copy_(3, index, kv.to(device=self.data.device, dtype=self.data.dtype))
+        Returns the ``[n, header_room + block_bytes]`` uint8 buffer and, per block, a
+        ``[layers, 2, kv_heads, block_size, head_dim]`` view of its payload.
+        """
+        n = len(block_ids)
+        block = self.data[:, :, :, 0]
+        block_bytes = block.numel() * block.element_size()
+        buffer = torch.empty(n, header_room + block_bytes, dtype=torch.uint8,
+                             pin_memory=self.data.is_cuda)
+        views = [buffer[i, header_room:].view(self.data.dtype).view(block.shape)
+                 for i in range(n)]
+        for view, b in zip(views, block_ids, strict=True):
+            view.copy_(self.data[:, :, :, b])
+        return buffer, views
+
+    def import_blocks(self, block_ids: list[int], blocks: list[torch.Tensor]) -> None:
+        for b, kv in zip(block_ids, blocks, strict=True):
+            self.data[:, :, :, b].copy_(kv)

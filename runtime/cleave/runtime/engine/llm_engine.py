@@ -1,7 +1,7 @@
 """The engine: a thin step loop over the scheduler, block manager and model runner.
 
 Two modes make disaggregation: ``prefill_only`` returns the first token plus the prompt's
-full KV blocks (hashes and tensors); a request carrying such a :class:`PrefillKV` loads them
+full KV blocks (hashes and tensors); a request carrying such a :class:`KVHandoff` loads them
 into its pool and continues decoding. Run in two processes, that is prefill/decode split.
 """
 
@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
+from cleave.kv_store.codec import header_size
 from cleave.runtime.engine.block_manager import BlockManager
 from cleave.runtime.engine.config import EngineConfig, GiB
 from cleave.runtime.engine.detokenizer import IncrementalDetokenizer
 from cleave.runtime.engine.kv_pool import KVPool
 from cleave.runtime.engine.llama import LlamaShape, PagedLlama
 from cleave.runtime.engine.model_runner import ModelRunner
-from cleave.runtime.engine.outputs import Completion, PrefillKV, RequestOutput
+from cleave.runtime.engine.outputs import Completion, KVHandoff, RequestOutput
 from cleave.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from cleave.runtime.engine.sequence import (
     FinishReason,
@@ -78,11 +79,15 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len), self.block_manager)
         self.runner = ModelRunner(self.model, self.pool)
+        self.block_shape = (shape.num_layers, 2, shape.num_kv_heads, config.block_size,
+                            shape.head_dim)
+        # Exported blocks leave room for the store's header in front of each (zero-copy puts).
+        self.export_header_room = header_size(len(self.block_shape))
         self.eos_token_ids = self._eos_ids()
         self.stats = EngineStats()
         self._sequences: dict[str, Sequence] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._handoffs: dict[str, PrefillKV] = {}
+        self._handoffs: dict[str, KVHandoff] = {}
         progress(f"model ready: {shape.num_layers} layers, KV pool {self.pool.num_blocks} blocks "
                  f"x {config.block_size} tokens ({self.pool.nbytes / GiB:.2f} GiB)")
 
@@ -117,7 +122,7 @@ class LLMEngine:
         return self.tokenize(str(text))
 
     def make_sequence(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                      *, prefill_only: bool = False, kv: PrefillKV | None = None) -> Sequence:
+                      *, prefill_only: bool = False, kv: KVHandoff | None = None) -> Sequence:
         """Validate a request and build its state; touches no shared engine state."""
         ids = self.tokenize(prompt)
         if not ids:
@@ -136,13 +141,14 @@ class LLMEngine:
         seq = Sequence(request_id, ids, len(ids), params, eos_token_ids=self.eos_token_ids,
                        prefill_only=prefill_only, sampling_seed=seed)
         if kv is not None:
-            seq.token_ids.append(kv.first_token)
-            if kv.first_logprob is not None:
-                seq.logprobs.append(kv.first_logprob)
+            if kv.first_token is not None:
+                seq.token_ids.append(kv.first_token)
+                if kv.first_logprob is not None:
+                    seq.logprobs.append(kv.first_logprob)
             seq.num_external_blocks = self._verified_blocks(ids, kv)
         return seq
 
-    def _verified_blocks(self, prompt: list[int], kv: PrefillKV) -> int:
+    def _verified_blocks(self, prompt: list[int], kv: KVHandoff) -> int:
         """How many leading handed-over blocks really are this prompt under this fingerprint.
 
         Anything past the first mismatch is a miss and is recomputed, never trusted.
@@ -153,23 +159,24 @@ class LLMEngine:
             if got != want:
                 break
             n += 1
-        want_shape = (self.shape.num_layers, 2, self.shape.num_kv_heads, len(kv.block_hashes),
-                      self.config.block_size, self.shape.head_dim)
-        return n if tuple(kv.kv.shape) == want_shape else 0
+        for block in kv.blocks[:n]:
+            if tuple(block.shape) != self.block_shape or block.dtype != self.dtype:
+                return 0
+        return min(n, len(kv.blocks))
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    *, prefill_only: bool = False, kv: PrefillKV | None = None) -> Sequence:
+                    *, prefill_only: bool = False, kv: KVHandoff | None = None) -> Sequence:
         seq = self.make_sequence(request_id, prompt, params, prefill_only=prefill_only, kv=kv)
         self.enqueue(seq, kv)
         return seq
 
-    def enqueue(self, seq: Sequence, kv: PrefillKV | None = None) -> list[RequestOutput]:
+    def enqueue(self, seq: Sequence, kv: KVHandoff | None = None) -> list[RequestOutput]:
         """Hand a validated sequence to the scheduler; may finish it at once (see below)."""
         if seq.request_id in self._sequences:
             raise RequestError(f"request id '{seq.request_id}' is already in use")
         self._sequences[seq.request_id] = seq
         self._detok[seq.request_id] = IncrementalDetokenizer(self.tokenizer, seq.params.stop)
-        if kv is not None:
+        if kv is not None and kv.first_token is not None:
             self._detok[seq.request_id].add([kv.first_token])
             self._detok[seq.request_id].take_delta(final=False)  # the caller has that text
             reason = seq.stop_reason_after(kv.first_token, self.max_model_len)
@@ -177,8 +184,8 @@ class LLMEngine:
                 # The prefill side's first token already ended the request.
                 self.scheduler.finish(seq, reason or FinishReason.STOP)
                 return [self._output(seq, [], [])]
-            if seq.num_external_blocks:
-                self._handoffs[seq.request_id] = kv
+        if kv is not None and seq.num_external_blocks:
+            self._handoffs[seq.request_id] = kv
         self.scheduler.add(seq)
         return []
 
@@ -206,7 +213,7 @@ class LLMEngine:
         for load in out.loads:
             kv = self._handoffs.pop(load.seq.request_id)
             self.pool.import_blocks(load.seq.block_table[load.first:load.end],
-                                    kv.kv[:, :, :, load.first:load.end])
+                                    kv.blocks[load.first:load.end])
         self.stats.steps += 1
         self.stats.preemptions += len(out.preempted)
         self.stats.prompt_tokens_computed += sum(
@@ -224,14 +231,15 @@ class LLMEngine:
             results.append(self._output(seq, [token], [lp] if lp else [], exports.get(id(seq))))
         return results
 
-    def _export(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> PrefillKV:
+    def _export(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> KVHandoff:
         n = seq.num_prompt_tokens // self.config.block_size
-        return PrefillKV(block_hashes=list(seq.block_hashes[:n]),
-                         kv=self.pool.export_blocks(seq.block_table[:n]),
-                         first_token=token, first_logprob=lp)
+        buffer, blocks = self.pool.export_blocks(seq.block_table[:n], self.export_header_room)
+        return KVHandoff(block_hashes=list(seq.block_hashes[:n]), blocks=blocks,
+                         first_token=token, first_logprob=lp, buffer=buffer,
+                         header_room=self.export_header_room)
 
     def _output(self, seq: Sequence, new_ids: list[int], new_lps: list[TokenLogprob],
-                prefill_kv: PrefillKV | None = None) -> RequestOutput:
+                handoff: KVHandoff | None = None) -> RequestOutput:
         detok = self._detok[seq.request_id]
         detok.add(new_ids)
         if detok.stopped and not seq.is_finished:
@@ -242,7 +250,7 @@ class LLMEngine:
             new_text=detok.take_delta(final=finished), finished=finished,
             finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens,
-            new_logprobs=new_lps, prefill_kv=prefill_kv)
+            new_logprobs=new_lps, handoff=handoff)
         if finished:
             self._release(seq.request_id)
         return out

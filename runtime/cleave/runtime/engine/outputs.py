@@ -10,13 +10,23 @@ from cleave.runtime.engine.sequence import FinishReason, TokenLogprob
 
 
 @dataclass(frozen=True)
-class PrefillKV:
-    """A prompt's KV handed from a prefill engine to a decode engine."""
+class KVHandoff:
+    """Leading full KV blocks of a prompt, handed from one engine (or the store) to another.
+
+    From a prefill-only request it also carries the first sampled token: the receiving
+    engine continues decoding from there. From the block store it is just a cached prefix.
+    Each block is ``[layers, 2, kv_heads, block_size, head_dim]``; on export the blocks are
+    views into ``buffer`` (``[n, header_room + block_bytes]`` uint8, CPU), whose first
+    ``header_room`` bytes of each row are free for the store's header, so writing the blocks
+    to the store copies nothing more.
+    """
 
     block_hashes: list[bytes]
-    kv: torch.Tensor  # [layers, 2, kv_heads, len(block_hashes), block_size, head_dim]
-    first_token: int
+    blocks: list[torch.Tensor]
+    first_token: int | None = None
     first_logprob: TokenLogprob | None = None
+    buffer: torch.Tensor | None = None
+    header_room: int = 0
 
 
 @dataclass
@@ -32,7 +42,7 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
-    prefill_kv: PrefillKV | None = None
+    handoff: KVHandoff | None = None
 
 
 @dataclass
@@ -46,7 +56,7 @@ class Completion:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    prefill_kv: PrefillKV | None = None
+    handoff: KVHandoff | None = None
 
     def absorb(self, out: RequestOutput) -> None:
         self.token_ids += out.new_token_ids
@@ -54,8 +64,8 @@ class Completion:
         self.logprobs += out.new_logprobs
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_cached_tokens = out.num_cached_tokens
-        if out.prefill_kv is not None:
-            self.prefill_kv = out.prefill_kv
+        if out.handoff is not None:
+            self.handoff = out.handoff
         if out.finished:
             self.finish_reason = out.finish_reason
 

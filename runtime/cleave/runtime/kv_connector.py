@@ -1,0 +1,124 @@
+"""The engine's side of the block store: save exported KV, load a cached prefix.
+
+A prefill worker saves the full blocks of each prompt it computes; any worker that later sees a
+prompt starting the same way loads those blocks instead of recomputing them, and a decode
+worker loads the blocks a prefill worker handed over. Store trouble is never the request's
+trouble: a store that is down, slow or returns bad data means a miss, and the engine computes.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import torch
+
+from cleave.kv_store.block_hash import chain_hashes
+from cleave.kv_store.codec import BlockHeader, encode_into
+from cleave.kv_store.store import BlockStore, EncodedBlock, StoredBlock, StoreUnavailable
+from cleave.runtime.engine.async_engine import AsyncEngine
+from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
+from cleave.runtime.engine.sequence import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class KVStoreConnector:
+    def __init__(self, engine: AsyncEngine, store: BlockStore) -> None:
+        self.engine = engine
+        self.store = store
+        core = engine.engine
+        self.root_hash = core.root_hash
+        self.block_size = core.config.block_size
+        self.block_shape = core.block_shape
+        self.dtype = core.dtype
+        self.dtype_name = str(core.dtype).removeprefix("torch.")
+
+    # -- write path ----------------------------------------------------------------------
+    def encode(self, handoff: KVHandoff, skip: int = 0) -> list[EncodedBlock]:
+        """Headers written into the room the export left: the payloads are not copied."""
+        if handoff.buffer is None:
+            raise ValueError("handoff was not exported with header room")
+        out = []
+        for i in range(skip, len(handoff.block_hashes)):
+            row = handoff.buffer[i].numpy().data
+            header = BlockHeader(self.dtype_name, self.block_shape, self.block_size,
+                                 handoff.block_hashes[i])
+            encode_into(row, header)
+            out.append(EncodedBlock(handoff.block_hashes[i], row))
+        return out
+
+    async def save(self, handoff: KVHandoff, skip: int = 0) -> int:
+        """Write blocks ``skip..`` to the store; returns how many were written (0 on trouble)."""
+        blocks = self.encode(handoff, skip)
+        if not blocks:
+            return 0
+        try:
+            return await self.store.put_many(blocks)
+        except StoreUnavailable as e:
+            log.warning("KV blocks not saved, the store is unavailable: %s", e)
+            return 0
+
+    # -- read path -----------------------------------------------------------------------
+    def _tensor(self, block: StoredBlock) -> torch.Tensor | None:
+        h = block.header
+        if h.dtype != self.dtype_name or h.shape != self.block_shape:
+            return None  # another layout: not ours to load
+        with warnings.catch_warnings():
+            # The value's bytes are read-only; the view is only ever copied from, never written.
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(block.payload, dtype=self.dtype).view(self.block_shape)
+
+    async def load_prefix(self, prompt: list[int]) -> KVHandoff | None:
+        """The prompt's longest cached prefix as a handoff, or None on a miss or trouble.
+
+        The payloads stay views of the bytes Redis returned: the one copy on this path is
+        the engine's into its pool.
+        """
+        # The last token is always recomputed, so at most (n - 1) // block_size blocks matter.
+        hashes = chain_hashes(self.root_hash, prompt[:len(prompt) - 1], self.block_size)
+        if not hashes:
+            return None
+        try:
+            stored = await self.store.fetch_prefix(hashes)
+        except StoreUnavailable as e:
+            log.warning("KV prefix lookup skipped, the store is unavailable: %s", e)
+            return None
+        tensors: list[torch.Tensor] = []
+        for block in stored:
+            t = self._tensor(block)
+            if t is None:
+                break
+            tensors.append(t)
+        if not tensors:
+            return None
+        return KVHandoff(block_hashes=hashes[:len(tensors)], blocks=tensors)
+
+    # -- whole requests ------------------------------------------------------------------
+    async def prefill(self, prompt: list[int], params: SamplingParams,
+                      request_id: str | None = None) -> RequestOutput:
+        """Prefill-only with the store: reuse its cached prefix, save the new full blocks.
+
+        Returns the final output, whose ``handoff`` carries the first token and every full
+        block (the decode side may take it directly or from the store).
+        """
+        cached = await self.load_prefix(prompt)
+        final: RequestOutput | None = None
+        async for out in self.engine.generate(prompt, params, request_id=request_id,
+                                              prefill_only=True, kv=cached):
+            final = out
+        assert final is not None and final.handoff is not None
+        skip = len(cached.block_hashes) if cached else 0
+        await self.save(final.handoff, skip=skip)
+        return final
+
+    async def decode(self, prompt: list[int], params: SamplingParams, first_token: int,
+                     request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Continue a prefilled request with its KV from the store (recomputed if missing)."""
+        cached = await self.load_prefix(prompt)
+        handoff = replace(cached, first_token=first_token) if cached else KVHandoff(
+            block_hashes=[], blocks=[], first_token=first_token)
+        async for out in self.engine.generate(prompt, params, request_id=request_id, kv=handoff):
+            yield out
