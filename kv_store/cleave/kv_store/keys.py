@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 KEY_PREFIX = "cleave:v1"
-_NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class KeySpace:
     fingerprint_root: bytes  # KVFingerprint.root_hash()
 
     def __post_init__(self) -> None:
-        if not _NAMESPACE.match(self.namespace):
+        if not _NAMESPACE.fullmatch(self.namespace):
             raise ValueError(
                 f"namespace {self.namespace!r} must be 1-128 chars of letters, digits, '.', "
                 "'_' or '-', starting with a letter or digit")

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -23,6 +24,7 @@ from redis.exceptions import RedisError
 from cleave.kv_store import metrics
 from cleave.kv_store.codec import CorruptBlock, decode
 from cleave.kv_store.keys import KeySpace
+from cleave.kv_store.resp import Endpoint, RespConnection, RespPool
 from cleave.kv_store.store import EncodedBlock, StoredBlock, StoreUnavailable
 
 T = TypeVar("T")
@@ -42,8 +44,11 @@ class RedisStoreConfig:
     timeout_seconds: float = 2.0  # per call: lookups, a whole put_many, a whole get_many
     connect_timeout_seconds: float = 1.0
     pipeline_depth: int = 32  # commands per pipeline
-    max_concurrency: int = 4  # pipelines in flight
+    max_concurrency: int = 2  # pipelines (connections) in flight; Redis serves one at a time
     max_inflight_bytes: int = 64 << 20
+    # Values are ~64 KiB-1 MiB: reading the socket in 1 MiB gulps instead of redis-py's
+    # 64 KiB default cuts event-loop round trips per value.
+    socket_read_size: int = 1 << 20
 
     def __post_init__(self) -> None:
         if self.ttl_seconds < 1 or self.timeout_seconds <= 0:
@@ -56,10 +61,25 @@ class RedisStoreConfig:
 
 
 def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    """The URL with any password (user info or ``?password=``) replaced by ``***``."""
+    u = urlsplit(url)
+    netloc = u.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "&".join(("password=***" if p.lower().startswith("password=") else p)
+                     for p in u.query.split("&")) if u.query else ""
+    return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
+
+
+def _without_password(url: str) -> str:
+    """Drop the URL's own password so the configured one wins (redis-py lets the URL win)."""
+    u = urlsplit(url)
+    netloc = u.netloc.rpartition("@")[2]
+    user = u.netloc.rpartition("@")[0].partition(":")[0] if "@" in u.netloc else ""
+    if user:
+        netloc = f"{user}@{netloc}"
+    query = "&".join(p for p in u.query.split("&") if not p.lower().startswith("password="))
+    return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
 
 
 def _client(config: RedisStoreConfig) -> Any:
@@ -67,9 +87,12 @@ def _client(config: RedisStoreConfig) -> Any:
         "socket_timeout": config.timeout_seconds,
         "socket_connect_timeout": config.connect_timeout_seconds,
         "retry": Retry(NoBackoff(), 0),
+        "socket_read_size": config.socket_read_size,
     }
+    url = config.url
     if config.password is not None:
         options["password"] = config.password
+        url = _without_password(url)
     if config.username is not None:
         options["username"] = config.username
     if config.url.startswith("rediss://"):
@@ -78,9 +101,9 @@ def _client(config: RedisStoreConfig) -> Any:
         options["ssl_keyfile"] = config.tls_key_file
         options["ssl_cert_reqs"] = "required" if config.tls_verify else "none"
     if config.cluster:
-        return RedisCluster.from_url(config.url, **options)
+        return RedisCluster.from_url(url, **options)
     options["max_connections"] = config.max_concurrency + 2
-    return aioredis.Redis.from_url(config.url, **options)
+    return aioredis.Redis.from_url(url, **options)
 
 
 class RedisBlockStore:
@@ -89,6 +112,13 @@ class RedisBlockStore:
         self.config = config
         self._redis = _client(config)
         self._pipelines = asyncio.Semaphore(config.max_concurrency)
+        # Bulk SET/GET/EXISTS of one node go through the lean RESP path (see resp.py);
+        # a cluster (slot routing) and TLS stay on redis-py.
+        self._bulk: RespPool | None = None
+        if not config.cluster and config.url.split("://")[0] in ("redis", "unix"):
+            self._bulk = RespPool(
+                Endpoint.from_url(config.url, config.username, config.password),
+                config.max_concurrency, config.timeout_seconds, config.connect_timeout_seconds)
 
     async def _bounded(self, op: str, work: Callable[[], Awaitable[T]]) -> T:
         start = time.perf_counter()
@@ -128,18 +158,22 @@ class RedisBlockStore:
             return go
 
         async def work() -> int:
-            results = await asyncio.gather(*(self._run_pipeline(fill(b))
-                                             for b in self._batches(len(blocks), size)))
+            batches = self._batches(len(blocks), size)
+            if self._bulk is not None:
+                bulk = self._bulk
+                counts = await asyncio.gather(*(asyncio.to_thread(
+                    bulk.run, RespConnection.set_many,
+                    [(self.keys.block_key(blocks[i].block_hash), blocks[i].value) for i in b],
+                    ttl) for b in batches))
+                return sum(counts)
+            results = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
             return sum(1 for batch in results for ok in batch if ok is True)
 
         written = await self._bounded("put", work)
         metrics.STORE_BYTES_WRITTEN.inc(sum(b.nbytes for b in blocks))
         return written
 
-    async def get_many(self, hashes: Sequence[bytes]) -> list[StoredBlock | None]:
-        if not hashes:
-            return []
-
+    async def _get_raw(self, hashes: Sequence[bytes]) -> list[Any]:
         def fill(batch: range) -> Callable[[Any], None]:
             def go(pipe: Any) -> None:
                 for i in batch:
@@ -148,38 +182,53 @@ class RedisBlockStore:
 
         async def work() -> list[Any]:
             batches = self._batches(len(hashes), 1 << 20)
-            results = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
+            if self._bulk is not None:
+                bulk = self._bulk
+                results = await asyncio.gather(*(asyncio.to_thread(
+                    bulk.run, RespConnection.get_many,
+                    [self.keys.block_key(hashes[i]) for i in b]) for b in batches))
+            else:
+                results = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
             return [value for batch in results for value in batch]
 
-        raw = await self._bounded("get", work)
-        found: list[StoredBlock | None] = []
-        for h, value in zip(hashes, raw, strict=True):
-            if value is None:
-                metrics.STORE_MISSES.inc()
-                found.append(None)
-                continue
-            metrics.STORE_BYTES_READ.inc(len(value))
-            try:
-                header, payload = decode(value, expected_hash=h)
-            except CorruptBlock:
-                metrics.STORE_CORRUPT.inc()
-                metrics.STORE_MISSES.inc()
-                found.append(None)
-                continue
-            metrics.STORE_HITS.inc()
-            found.append(StoredBlock(header, payload))
-        return found
+        return await self._bounded("get", work)
+
+    @staticmethod
+    def _verify(h: bytes, value: Any) -> StoredBlock | None:
+        if value is None:
+            metrics.STORE_MISSES.inc()
+            return None
+        metrics.STORE_BYTES_READ.inc(len(value))
+        try:
+            header, payload = decode(value, expected_hash=h)
+        except CorruptBlock:
+            metrics.STORE_CORRUPT.inc()
+            metrics.STORE_MISSES.inc()
+            return None
+        metrics.STORE_HITS.inc()
+        return StoredBlock(header, payload)
+
+    async def get_many(self, hashes: Sequence[bytes]) -> list[StoredBlock | None]:
+        if not hashes:
+            return []
+        raw = await self._get_raw(hashes)
+        return [self._verify(h, value) for h, value in zip(hashes, raw, strict=True)]
 
     async def longest_cached_prefix(self, hashes: Sequence[bytes]) -> int:
         if not hashes:
             return 0
 
         async def work() -> int:
-            async with self._pipelines:
-                pipe = self._redis.pipeline(transaction=False)
-                for h in hashes:
-                    pipe.exists(self.keys.block_key(h))
-                present = await pipe.execute()
+            keys = [self.keys.block_key(h) for h in hashes]
+            if self._bulk is not None:
+                present = await asyncio.to_thread(self._bulk.run, RespConnection.exists_many,
+                                                  keys)
+            else:
+                async with self._pipelines:
+                    pipe = self._redis.pipeline(transaction=False)
+                    for k in keys:
+                        pipe.exists(k)
+                    present = await pipe.execute()
             n = 0
             for p in present:
                 if not p:
@@ -192,19 +241,21 @@ class RedisBlockStore:
     async def fetch_prefix(self, hashes: Sequence[bytes]) -> list[StoredBlock]:
         """The longest run of leading blocks that exist *and* verify.
 
-        A block present at lookup but gone at fetch was evicted in between: counted, and the
-        prefix ends there, as it does at a corrupt block.
+        A block present at lookup but gone at fetch was evicted (or expired) in between:
+        counted, and the prefix ends there, as it does at a corrupt block.
         """
         present = await self.longest_cached_prefix(hashes)
-        blocks = await self.get_many(hashes[:present])
+        if not present:
+            return []
+        raw = await self._get_raw(hashes[:present])
         prefix: list[StoredBlock] = []
-        for block in blocks:
+        for h, value in zip(hashes, raw, strict=False):
+            if value is None:
+                metrics.STORE_EVICTIONS.inc()
+            block = self._verify(h, value)
             if block is None:
                 break
             prefix.append(block)
-        evicted = sum(1 for b in blocks if b is None)
-        if evicted:
-            metrics.STORE_EVICTIONS.inc(evicted)
         return prefix
 
     async def delete_namespace(self) -> int:
@@ -224,8 +275,11 @@ class RedisBlockStore:
         return await self._bounded("delete", work)
 
     async def _unlink(self, keys: list[bytes]) -> int:
+        # One key per command: a cluster's keys live in different slots.
+        if self.config.cluster:
+            return sum(await asyncio.gather(*(self._redis.unlink(k) for k in keys)))
         pipe = self._redis.pipeline(transaction=False)
-        for k in keys:  # one key per command: keys of a cluster live in different slots
+        for k in keys:
             pipe.unlink(k)
         return sum(int(n) for n in await pipe.execute())
 
@@ -236,4 +290,6 @@ class RedisBlockStore:
             return False
 
     async def close(self) -> None:
+        if self._bulk is not None:
+            self._bulk.close()
         await self._redis.aclose()

@@ -1,0 +1,175 @@
+"""KV block store benchmark: Cleave's Redis store against redis-benchmark, and move vs recompute.
+
+For the KV cache of a 2048-token prompt of SmolLM2-135M (bf16; 128 blocks of 16 tokens, one
+Redis value each), in one run against one private redis-server:
+
+- Cleave put and get throughput (GB/s, median of repeats): the engine's exported blocks
+  encoded in place and SET with a TTL; fetched back with lookup + GET + verification;
+- redis-benchmark SET/GET with the same value size, pipeline depth, connections and transport
+  (the raw ceiling of this server on this machine);
+- the full move (put + get + load into a second engine's pool) over recomputing that prefill.
+
+    python bench/kv_store.py [--quick] [--transport unix|tcp] [--redis-url URL]
+
+The last line is one JSON object with the figures and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import torch
+
+from cleave.kv_store.keys import KeySpace
+from cleave.kv_store.local_redis import start_local_redis
+from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+from cleave.runtime.engine.async_engine import AsyncEngine
+from cleave.runtime.engine.config import EngineConfig
+from cleave.runtime.engine.llm_engine import LLMEngine
+from cleave.runtime.engine.sequence import SamplingParams
+from cleave.runtime.kv_connector import KVStoreConnector
+
+PROMPT_TOKENS = 2048
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# (pipeline depth, connections) tried for the raw ceiling; the store's own setting is one.
+RAW_SETTINGS = [(1, 1), (1, 4), (8, 4), (32, 4)]
+
+
+def raw_redis_benchmark(url: str, value_size: int, requests: int) -> dict[str, float]:
+    """The best SET and GET requests/s redis-benchmark reaches at this value size and transport.
+
+    Every request hits one existing key (no -r): a GET of a missing key would return nothing
+    and inflate the rate. Several pipeline/connection settings are tried because the best
+    differs between SET and GET of large values; the ceiling is the best of them.
+    """
+    parsed = urlparse(url)
+    target = (["-s", parsed.path] if parsed.scheme == "unix"
+              else ["-h", parsed.hostname or "127.0.0.1", "-p", str(parsed.port or 6379)])
+    best = {"SET": 0.0, "GET": 0.0}
+    for pipeline, clients in RAW_SETTINGS:
+        out = subprocess.run(
+            ["redis-benchmark", *target, "-t", "set,get", "-d", str(value_size),
+             "-n", str(requests), "-P", str(pipeline), "-c", str(clients), "--csv"],
+            capture_output=True, text=True, check=True, timeout=300).stdout
+        rows = {r[0]: float(r[1]) for r in csv.reader(io.StringIO(out)) if r and r[0] != "test"}
+        log(f"redis-benchmark -P {pipeline} -c {clients}: SET {rows['SET']:.0f}/s, "
+            f"GET {rows['GET']:.0f}/s")
+        for op in best:
+            best[op] = max(best[op], rows[op])
+    return best
+
+
+async def main_async(args: argparse.Namespace, url: str) -> dict[str, object]:
+    repeats = 5 if args.quick else 15
+    config = EngineConfig(dtype="bfloat16", kv_cache_bytes=512 << 20, max_num_batched_tokens=512)
+    prefill_engine = AsyncEngine(LLMEngine(config, progress=log))
+    decode_engine = AsyncEngine(LLMEngine(config, progress=log))
+    core = prefill_engine.engine
+    rng = random.Random(0)
+    prompt = [rng.randrange(100, 40000) for _ in range(PROMPT_TOKENS)]
+    store_config = RedisStoreConfig(url=url, timeout_seconds=30.0)
+    store = RedisBlockStore(KeySpace("bench", core.root_hash), store_config)
+    connector = KVStoreConnector(prefill_engine, store)
+    try:
+        # Recompute: a prefill of the prompt on a cold cache, median of repeats.
+        recompute = []
+        for _ in range(3 if args.quick else 5):
+            core.block_manager.reset_prefix_cache()
+            start = time.perf_counter()
+            final = None
+            async for out in prefill_engine.generate(prompt, SamplingParams(max_tokens=1),
+                                                     prefill_only=True):
+                final = out
+            recompute.append(time.perf_counter() - start)
+        assert final is not None and final.handoff is not None
+        handoff = final.handoff
+        n_blocks = len(handoff.block_hashes)
+        value_size = handoff.buffer.shape[1] if handoff.buffer is not None else 0
+        total_bytes = n_blocks * value_size
+        log(f"{n_blocks} blocks x {value_size} bytes = {total_bytes / 2**20:.1f} MiB; "
+            f"recompute {statistics.median(recompute) * 1e3:.0f} ms")
+
+        puts, gets, loads, moves = [], [], [], []
+        for _ in range(repeats):
+            await store.delete_namespace()
+            t0 = time.perf_counter()
+            written = await connector.save(handoff)
+            t1 = time.perf_counter()
+            fetched = await KVStoreConnector(decode_engine, store).load_prefix(prompt)
+            t2 = time.perf_counter()
+            assert written == n_blocks and fetched is not None
+            assert len(fetched.blocks) == (PROMPT_TOKENS - 1) // core.config.block_size
+            pool = decode_engine.engine.pool
+            pool.import_blocks(list(range(len(fetched.blocks))), fetched.blocks)
+            t3 = time.perf_counter()
+            puts.append(t1 - t0)
+            gets.append(t2 - t1)
+            loads.append(t3 - t2)
+            moves.append(t3 - t0)
+        assert fetched is not None
+        got_bytes = len(fetched.blocks) * value_size
+        put_gbps = total_bytes / statistics.median(puts) / 1e9
+        get_gbps = got_bytes / statistics.median(gets) / 1e9
+        raw = raw_redis_benchmark(url, value_size, 300 if args.quick else 1000)
+        raw_set = raw["SET"] * value_size / 1e9
+        raw_get = raw["GET"] * value_size / 1e9
+        log(f"put {put_gbps:.2f} GB/s, get {get_gbps:.2f} GB/s (lookup + GET + checksum), "
+            f"load into pool {statistics.median(loads) * 1e3:.1f} ms; redis-benchmark best "
+            f"SET {raw_set:.2f} GB/s, GET {raw_get:.2f} GB/s")
+        move = statistics.median(moves)
+        return {
+            "put_gbps": round(put_gbps, 3),
+            "get_gbps": round(get_gbps, 3),
+            "raw_set_gbps": round(raw_set, 3),
+            "raw_get_gbps": round(raw_get, 3),
+            "put_vs_raw": round(put_gbps / raw_set, 3),
+            "get_vs_raw": round(get_gbps / raw_get, 3),
+            "move_over_recompute": round(move / statistics.median(recompute), 4),
+            "move_ms": round(move * 1e3, 1),
+            "recompute_ms": round(statistics.median(recompute) * 1e3, 1),
+            "blocks": n_blocks, "value_bytes": value_size,
+            "transport": urlparse(url).scheme, "repeats": repeats,
+        }
+    finally:
+        await store.delete_namespace()
+        await store.close()
+        prefill_engine.shutdown()
+        decode_engine.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (under 2 minutes)")
+    parser.add_argument("--transport", choices=["unix", "tcp"], default="unix")
+    parser.add_argument("--redis-url", default=None,
+                        help="use this Redis instead of starting a private redis-server")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.redis_url:
+        result = asyncio.run(main_async(args, args.redis_url))
+    else:
+        with start_local_redis() as server:
+            url = server.unix_url if args.transport == "unix" else server.tcp_url
+            result = asyncio.run(main_async(args, url))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

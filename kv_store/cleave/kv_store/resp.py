@@ -1,0 +1,216 @@
+"""A minimal RESP2 client for the block store's bulk path: pipelined SET, GET and EXISTS.
+
+redis-py copies a large value three to four times on its way in or out (asyncio's write
+buffer, the parser's buffer, the reply object). Blocks are 64 KiB-1 MiB and move by the
+hundred, so the store talks to a single Redis node through blocking sockets instead: a
+pipeline of SETs goes out with one scatter-gather ``sendmsg`` straight from the exported
+tensors (zero copies), and each GET reply is received straight into a buffer of exactly its
+size (one copy, the kernel's). Each call runs in a worker thread, so the event loop and the
+engine keep running; sockets carry the store's timeout, so no call can hang.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlparse
+
+T = TypeVar("T")
+_CRLF = b"\r\n"
+_MAX_IOV = 512  # well under IOV_MAX (1024 on Linux)
+
+
+class RespError(OSError):
+    """A protocol or server error; the connection it came from is closed."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    unix_path: str | None
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None
+
+    @classmethod
+    def from_url(cls, url: str, username: str | None = None,
+                 password: str | None = None) -> Endpoint:
+        u = urlparse(url)
+        if u.scheme not in ("redis", "unix"):
+            raise ValueError(f"the fast path takes redis:// or unix:// URLs, not {u.scheme}://")
+        query = dict(p.split("=", 1) for p in u.query.split("&") if "=" in p)
+        db = int(query.get("db", (u.path.strip("/") or "0") if u.scheme == "redis" else 0))
+        return cls(
+            unix_path=u.path if u.scheme == "unix" else None,
+            host=u.hostname or "127.0.0.1", port=u.port or 6379, db=db,
+            username=username if username is not None else (
+                unquote(u.username) if u.username else None),
+            password=password if password is not None else (
+                unquote(u.password) if u.password else None))
+
+
+def _command(*parts: bytes) -> bytes:
+    out = [b"*%d\r\n" % len(parts)]
+    for p in parts:
+        out += [b"$%d\r\n" % len(p), p, _CRLF]
+    return b"".join(out)
+
+
+class RespConnection:
+    def __init__(self, endpoint: Endpoint, timeout: float, connect_timeout: float) -> None:
+        address: str | tuple[str, int]
+        if endpoint.unix_path:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address = endpoint.unix_path
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            address = (endpoint.host, endpoint.port)
+        sock.settimeout(connect_timeout)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        sock.settimeout(timeout)
+        self.sock = sock
+        self._buf = bytearray()
+        setup: list[bytes] = []
+        if endpoint.password is not None:
+            auth = [endpoint.username.encode()] if endpoint.username else []
+            setup.append(_command(b"AUTH", *auth, endpoint.password.encode()))
+        if endpoint.db:
+            setup.append(_command(b"SELECT", str(endpoint.db).encode()))
+        if setup:
+            self._send([b"".join(setup)])
+            for _ in setup:
+                self._reply()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # -- wire ----------------------------------------------------------------------------
+    def _send(self, parts: Sequence[bytes | memoryview]) -> None:
+        for start in range(0, len(parts), _MAX_IOV):
+            chunk = [memoryview(p).cast("B") for p in parts[start:start + _MAX_IOV]]
+            while chunk:
+                sent = self.sock.sendmsg(chunk)
+                while chunk and sent >= chunk[0].nbytes:
+                    sent -= chunk[0].nbytes
+                    chunk.pop(0)
+                if chunk and sent:
+                    chunk[0] = chunk[0][sent:]
+
+    def _fill(self) -> None:
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise RespError("connection closed by the server")
+        self._buf += data
+
+    def _line(self) -> bytes:
+        while (end := self._buf.find(_CRLF)) < 0:
+            self._fill()
+        line = bytes(self._buf[:end])
+        del self._buf[:end + 2]
+        return line
+
+    def _bulk(self, size: int) -> bytearray:
+        """``size`` bytes plus CRLF, received straight into the result where possible."""
+        out = bytearray(size)
+        view = memoryview(out)
+        have = min(len(self._buf), size)
+        view[:have] = self._buf[:have]
+        del self._buf[:have]
+        got = have
+        while got < size:
+            n = self.sock.recv_into(view[got:])
+            if not n:
+                raise RespError("connection closed mid-value")
+            got += n
+        while len(self._buf) < 2:
+            self._fill()
+        del self._buf[:2]
+        return out
+
+    def _reply(self) -> bytearray | int | bytes | None:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            size = int(rest)
+            return None if size < 0 else self._bulk(size)
+        if kind == b"-":
+            raise RespError(f"Redis error: {rest.decode(errors='replace')}")
+        raise RespError(f"unexpected reply {line[:40]!r}")
+
+    # -- pipelines -----------------------------------------------------------------------
+    def set_many(self, items: Sequence[tuple[bytes, bytes | memoryview]], ttl: int) -> int:
+        parts: list[bytes | memoryview] = []
+        ttl_b = str(ttl).encode()
+        tail = b"\r\n$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(ttl_b), ttl_b)
+        for key, value in items:
+            size = memoryview(value).nbytes
+            parts.append(b"*5\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, size))
+            parts.append(value)
+            parts.append(tail)
+        self._send(parts)
+        return sum(1 for _ in items if self._reply() == b"OK")
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytearray | None]:
+        self._send([b"".join(_command(b"GET", k) for k in keys)])
+        out: list[bytearray | None] = []
+        for _ in keys:
+            reply = self._reply()
+            out.append(reply if isinstance(reply, bytearray) else None)
+        return out
+
+    def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
+        self._send([b"".join(_command(b"EXISTS", k) for k in keys)])
+        return [self._reply() == 1 for _ in keys]
+
+
+class RespPool:
+    """At most ``size`` connections; one that failed in any way is closed, never reused."""
+
+    def __init__(self, endpoint: Endpoint, size: int, timeout: float,
+                 connect_timeout: float) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._idle: list[RespConnection] = []
+        self._slots = threading.Semaphore(size)
+        self._lock = threading.Lock()
+
+    def run(self, work: Callable[..., T], *args: Any) -> T:
+        """Run ``work(connection, *args)`` on a pooled connection (call from a thread)."""
+        if not self._slots.acquire(timeout=self.timeout):
+            raise TimeoutError("no store connection free within the timeout")
+        conn: RespConnection | None = None
+        try:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = RespConnection(self.endpoint, self.timeout, self.connect_timeout)
+            result = work(conn, *args)
+            with self._lock:
+                self._idle.append(conn)
+            return result
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._idle:
+                conn.close()
+            self._idle.clear()
