@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import struct
-import zlib
 
 import pytest
 import torch
+import xxhash
 
 from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
 from cleave.kv_store.codec import (
@@ -160,14 +160,15 @@ def test_extra_bytes_are_corrupt(extra: bytes) -> None:
 
 
 def _with_valid_crc(value: bytearray) -> bytes:
-    """Recompute the CRC so only the field under test is wrong."""
+    """Recompute the checksum so only the field under test is wrong."""
     ndim = value[7]
     fixed = 4 + 2 + 1 + 1 + 4 + 32 + 8
     shape_at = fixed + 4
     payload_at = shape_at + 4 * ndim
-    crc = zlib.crc32(value[payload_at:], zlib.crc32(value[shape_at:payload_at],
-                                                    zlib.crc32(value[:fixed])))
-    value[fixed:shape_at] = struct.pack("<I", crc)
+    h = xxhash.xxh3_64()
+    for part in (value[:fixed], value[shape_at:payload_at], value[payload_at:]):
+        h.update(bytes(part))
+    value[fixed:shape_at] = struct.pack("<Q", h.intdigest())
     return bytes(value)
 
 

@@ -7,21 +7,23 @@ another format version, or sitting under the wrong key decodes to a miss, never 
 Layout (little-endian)::
 
     magic "CLKV" | version u16 | dtype u8 | ndim u8 | tokens u32 | block_hash 32B
-    | payload_len u64 | crc32 u32 | shape u32 * ndim | payload
+    | payload_len u64 | checksum u64 | shape u32 * ndim | payload
 
-The CRC covers every header byte before it, the shape and the payload.
+The checksum (XXH3-64) covers every header byte before it, the shape and the payload. XXH3
+runs at memory speed (CRC32 ran at 7 GB/s here and was a third of a block's put or get).
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
+
+import xxhash
 
 MAGIC = b"CLKV"
 FORMAT_VERSION = 1
-_FIXED = struct.Struct("<4sHBBI32sQ")  # up to and excluding the crc
-_CRC = struct.Struct("<I")
+_FIXED = struct.Struct("<4sHBBI32sQ")  # up to and excluding the checksum
+_CRC = struct.Struct("<Q")
 DTYPE_CODES = {"bfloat16": 1, "float16": 2, "float32": 3}
 DTYPE_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _CODE_DTYPES = {code: name for name, code in DTYPE_CODES.items()}
@@ -45,6 +47,15 @@ class BlockHeader:
         for dim in self.shape:
             n *= dim
         return n
+
+
+def _checksum(fixed: bytes | memoryview, shape: bytes | memoryview,
+              payload: memoryview) -> int:
+    h = xxhash.xxh3_64()
+    h.update(fixed)
+    h.update(shape)
+    h.update(payload)
+    return int(h.intdigest())
 
 
 def header_size(ndim: int) -> int:
@@ -78,8 +89,7 @@ def encode_into(value: memoryview, header: BlockHeader) -> None:
     fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[header.dtype], len(header.shape),
                         header.num_tokens, header.block_hash, header.payload_len)
     shape = struct.pack(f"<{len(header.shape)}I", *header.shape)
-    crc = zlib.crc32(value[start:], zlib.crc32(shape, zlib.crc32(fixed)))
-    value[:start] = fixed + _CRC.pack(crc) + shape
+    value[:start] = fixed + _CRC.pack(_checksum(fixed, shape, value[start:])) + shape
 
 
 def encode(header: BlockHeader, payload: memoryview | bytes) -> bytes:
@@ -123,9 +133,7 @@ def decode(value: bytes | memoryview, expected_hash: bytes | None = None
     if header.payload_len != payload_len:
         raise CorruptBlock("shape and dtype disagree with the payload length")
     payload = view[payload_at:]
-    got = zlib.crc32(payload, zlib.crc32(view[shape_at:payload_at],
-                                         zlib.crc32(view[:_FIXED.size])))
-    if got != crc:
+    if _checksum(view[:_FIXED.size], view[shape_at:payload_at], payload) != crc:
         raise CorruptBlock("checksum mismatch")
     if expected_hash is not None and header.block_hash != expected_hash:
         raise CorruptBlock("value belongs to another block")
