@@ -104,3 +104,50 @@ async def test_a_dead_store_means_recompute_not_failure(engines) -> None:  # typ
     got = await _decode_all(KVStoreConnector(decode_engine, store), prompt,
                             out.handoff.first_token)
     assert got == want
+
+
+def _metric(name: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_two_engines_share_kv_through_a_real_redis(engines) -> None:  # type: ignore[no-untyped-def]
+    from redis_servers import start_server
+
+    from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+
+    single, prefill_engine, decode_engine = engines
+    server = start_server()
+    keys = KeySpace("svc-real", prefill_engine.engine.root_hash)
+    stores = [RedisBlockStore(keys, RedisStoreConfig(url=url, timeout_seconds=1.0))
+              for url in (server.unix_url, server.url)]  # prefill over unix, decode over TCP
+    try:
+        system = _prompt(80, seed=6)
+        a, b = [*system, 1, 2, 3], [*system, 4, 5, 6, 7]
+        await KVStoreConnector(prefill_engine, stores[0]).prefill(a, GREEDY)
+        # A second engine prefills b: only what follows the shared 80 tokens is computed.
+        before = decode_engine.engine.stats.prompt_tokens_computed
+        out = await KVStoreConnector(decode_engine, stores[1]).prefill(b, GREEDY)
+        assert decode_engine.engine.stats.prompt_tokens_computed - before == len(b) - 80
+        assert out.handoff is not None
+        want = single.engine.generate([b], GREEDY)[0].token_ids
+        assert out.handoff.first_token == want[0]
+        # Decode b in the prefill engine from the blocks the other engine saved.
+        fallbacks = _metric("cleave_kv_recompute_fallbacks_total")
+        got = await _decode_all(KVStoreConnector(prefill_engine, stores[0]), b,
+                                out.handoff.first_token)
+        assert got == want
+        assert _metric("cleave_kv_recompute_fallbacks_total") == fallbacks
+
+        # Redis dies: the next request still completes, by recomputing, and says so.
+        server.kill()
+        c = [*system, 9, 9]
+        want_c = single.engine.generate([c], GREEDY)[0].token_ids
+        got_c = await _decode_all(KVStoreConnector(prefill_engine, stores[0]), c, want_c[0])
+        assert got_c == want_c
+        assert _metric("cleave_kv_recompute_fallbacks_total") == fallbacks + 1
+    finally:
+        for s in stores:
+            await s.close()
+        server.stop()

@@ -78,7 +78,9 @@ class RespConnection:
             raise
         sock.settimeout(timeout)
         self.sock = sock
-        self._buf = bytearray()
+        # Replies are parsed from a fixed scratch buffer; [_start, _end) is unread.
+        self._scratch = bytearray(1 << 16)
+        self._start = self._end = 0
         setup: list[bytes] = []
         if endpoint.password is not None:
             auth = [endpoint.username.encode()] if endpoint.username else []
@@ -106,34 +108,41 @@ class RespConnection:
                     chunk[0] = chunk[0][sent:]
 
     def _fill(self) -> None:
-        data = self.sock.recv(1 << 16)
-        if not data:
+        """Receive more bytes behind the unread ones in the scratch buffer."""
+        if self._start:
+            unread = self._end - self._start
+            self._scratch[:unread] = self._scratch[self._start:self._end]
+            self._start, self._end = 0, unread
+        if self._end == len(self._scratch):
+            self._scratch.extend(bytes(len(self._scratch)))  # a very long line: grow
+        n = self.sock.recv_into(memoryview(self._scratch)[self._end:])
+        if not n:
             raise RespError("connection closed by the server")
-        self._buf += data
+        self._end += n
 
     def _line(self) -> bytes:
-        while (end := self._buf.find(_CRLF)) < 0:
+        while (end := self._scratch.find(_CRLF, self._start, self._end)) < 0:
             self._fill()
-        line = bytes(self._buf[:end])
-        del self._buf[:end + 2]
+        line = bytes(self._scratch[self._start:end])
+        self._start = end + 2
         return line
 
     def _bulk(self, size: int) -> bytearray:
-        """``size`` bytes plus CRLF, received straight into the result where possible."""
+        """``size`` bytes plus CRLF; all but what was already buffered lands in place."""
         out = bytearray(size)
         view = memoryview(out)
-        have = min(len(self._buf), size)
-        view[:have] = self._buf[:have]
-        del self._buf[:have]
+        have = min(self._end - self._start, size)
+        view[:have] = memoryview(self._scratch)[self._start:self._start + have]
+        self._start += have
         got = have
         while got < size:
             n = self.sock.recv_into(view[got:])
             if not n:
                 raise RespError("connection closed mid-value")
             got += n
-        while len(self._buf) < 2:
+        while self._end - self._start < 2:
             self._fill()
-        del self._buf[:2]
+        self._start += 2
         return out
 
     def _reply(self) -> bytearray | int | bytes | None:

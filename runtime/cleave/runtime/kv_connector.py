@@ -21,6 +21,7 @@ from cleave.kv_store.store import BlockStore, EncodedBlock, StoredBlock, StoreUn
 from cleave.runtime.engine.async_engine import AsyncEngine
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
 from cleave.runtime.engine.sequence import SamplingParams
+from cleave.runtime.metrics import KV_LOADED_BLOCKS, KV_RECOMPUTE_FALLBACKS
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class KVStoreConnector:
         block (the decode side may take it directly or from the store).
         """
         cached = await self.load_prefix(prompt)
+        if cached:
+            KV_LOADED_BLOCKS.labels("prefix").inc(len(cached.blocks))
         final: RequestOutput | None = None
         async for out in self.engine.generate(prompt, params, request_id=request_id,
                                               prefill_only=True, kv=cached):
@@ -118,6 +121,10 @@ class KVStoreConnector:
                      request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Continue a prefilled request with its KV from the store (recomputed if missing)."""
         cached = await self.load_prefix(prompt)
+        loaded = len(cached.blocks) if cached else 0
+        KV_LOADED_BLOCKS.labels("decode").inc(loaded)
+        if loaded < (len(prompt) - 1) // self.block_size:
+            KV_RECOMPUTE_FALLBACKS.inc()
         handoff = replace(cached, first_token=first_token) if cached else KVHandoff(
             block_hashes=[], blocks=[], first_token=first_token)
         async for out in self.engine.generate(prompt, params, request_id=request_id, kv=handoff):
