@@ -32,7 +32,7 @@ endif
 setup: $(STAMP) redis-server
 
 run: setup
-	$(VENV)/bin/cleave generate --chat
+	$(VENV)/bin/cleave up
 
 lint: setup
 	$(VENV)/bin/ruff check .

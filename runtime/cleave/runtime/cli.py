@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     add_engine_arguments(gen)
     gen.set_defaults(func=_generate)
+
+    from cleave.runtime.serving.commands import add_router_parser, add_worker_parser
+    from cleave.runtime.serving.up import add_up_parser
+
+    add_worker_parser(sub, add_engine_arguments)
+    add_router_parser(sub)
+    add_up_parser(sub, add_engine_arguments)
     return parser
 
 

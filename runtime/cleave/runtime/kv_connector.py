@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 import torch
@@ -24,6 +24,10 @@ from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.metrics import KV_LOADED_BLOCKS, KV_RECOMPUTE_FALLBACKS
 
 log = logging.getLogger(__name__)
+
+
+class KVBlocksMissing(RuntimeError):
+    """Policy ``fail``: the prompt's blocks are not all in the store, and recompute is off."""
 
 
 class KVStoreConnector:
@@ -118,12 +122,21 @@ class KVStoreConnector:
         return final
 
     async def decode(self, prompt: list[int], params: SamplingParams, first_token: int,
-                     request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Continue a prefilled request with its KV from the store (recomputed if missing)."""
+                     request_id: str | None = None, *, recompute_missing: bool = True
+                     ) -> AsyncGenerator[RequestOutput, None]:
+        """Continue a prefilled request with its KV from the store.
+
+        Missing blocks are recomputed, or with ``recompute_missing=False`` the request fails
+        with :class:`KVBlocksMissing` before any token.
+        """
         cached = await self.load_prefix(prompt)
         loaded = len(cached.blocks) if cached else 0
         KV_LOADED_BLOCKS.labels("decode").inc(loaded)
         if loaded < (len(prompt) - 1) // self.block_size:
+            if not recompute_missing:
+                raise KVBlocksMissing(
+                    f"{loaded} of {(len(prompt) - 1) // self.block_size} KV blocks are in the "
+                    "store and kv_load_failure_policy is 'fail'")
             KV_RECOMPUTE_FALLBACKS.inc()
         handoff = replace(cached, first_token=first_token) if cached else KVHandoff(
             block_hashes=[], blocks=[], first_token=first_token)

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from cleave.runtime.engine.llm_engine import LLMEngine
@@ -53,7 +53,7 @@ class AsyncEngine:
     # -- caller side ---------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams, *,
                        request_id: str | None = None, prefill_only: bool = False,
-                       kv: KVHandoff | None = None) -> AsyncIterator[RequestOutput]:
+                       kv: KVHandoff | None = None) -> AsyncGenerator[RequestOutput, None]:
         """Yield one :class:`RequestOutput` per step until the request finishes.
 
         Leaving the loop early (break, cancellation, client disconnect) aborts the request

@@ -12,6 +12,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,7 +102,12 @@ def _convert_gguf(gguf: Path, digest: str, cache_dir: Path, progress: Progress) 
     model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     (tmp / _MARKER).write_text(json.dumps({"source": str(gguf), "sha256": digest}))
-    tmp.rename(target)  # atomic: a crash mid-conversion never leaves a half-written cache
+    try:
+        tmp.rename(target)  # atomic: a crash mid-conversion never leaves a half-written cache
+    except OSError:
+        if not (target / _MARKER).exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process converted it first
     return target
 
 

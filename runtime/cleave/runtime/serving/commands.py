@@ -1,0 +1,127 @@
+"""``cleave worker`` and ``cleave router``: argument parsing and process wiring."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from cleave.runtime.models.loader import DEFAULT_MODEL
+
+
+def setup_logging(name: str) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {name} %(levelname)s %(message)s")
+
+
+def add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+                      add_engine_arguments: object) -> None:
+    p = sub.add_parser("worker", help="serve one engine (prefill, decode or both) over HTTP",
+                       description="One engine behind the internal HTTP API the router calls.")
+    p.add_argument("--role", choices=["prefill", "decode", "both"], default="both")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--redis-url", default=None,
+                   help="KV block store (redis://, rediss://, unix://); without it, decode "
+                        "workers recompute every prompt")
+    p.add_argument("--redis-password-file", default=None,
+                   help="file holding the Redis password (or set CLEAVE_REDIS_PASSWORD)")
+    p.add_argument("--namespace", default="default",
+                   help="the service's KV namespace: services never share blocks")
+    p.add_argument("--store-timeout", type=float, default=2.0, help="seconds per store call")
+    p.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds to finish in-flight requests after SIGTERM")
+    add_engine_arguments(p)  # type: ignore[operator]
+    p.set_defaults(func=run_worker)
+
+
+def _secret(path: str | None, env: str) -> str | None:
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(env) or None
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from cleave.kv_store.keys import KeySpace
+    from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+    from cleave.runtime.cli import engine_config
+    from cleave.runtime.engine.async_engine import AsyncEngine
+    from cleave.runtime.engine.llm_engine import LLMEngine
+    from cleave.runtime.kv_connector import KVStoreConnector
+    from cleave.runtime.serving.worker import Worker, serve
+
+    setup_logging(f"{args.role}:{args.port}")
+    config = engine_config(args)
+    engine = AsyncEngine(LLMEngine(config))
+
+    async def main() -> None:
+        connector = None
+        if args.redis_url:
+            store = RedisBlockStore(
+                KeySpace(args.namespace, engine.engine.root_hash),
+                RedisStoreConfig(url=args.redis_url, timeout_seconds=args.store_timeout,
+                                 password=_secret(args.redis_password_file,
+                                                  "CLEAVE_REDIS_PASSWORD")))
+            connector = KVStoreConnector(engine, store)
+        elif args.role == "prefill":
+            logging.warning("a prefill worker without --redis-url cannot hand KV to decode "
+                            "workers; they will recompute")
+        await serve(Worker(engine, args.role, connector), args.host, args.port,
+                    args.grace_period)
+
+    asyncio.run(main())
+    return 0
+
+
+def add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("router", help="the OpenAI-compatible API in front of the workers",
+                       description="Route OpenAI-compatible requests to prefill and decode "
+                                   "workers.")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="model whose tokenizer and chat template the router uses")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name clients ask for (default: --model)")
+    p.add_argument("--prefill", action="append", default=[], metavar="URL",
+                   help="a prefill worker (repeatable)")
+    p.add_argument("--decode", action="append", default=[], metavar="URL",
+                   help="a decode or both-role worker (repeatable; at least one)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--disaggregate-min-tokens", type=int, default=64,
+                   help="prompts shorter than this skip the separate prefill")
+    p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"],
+                   default="recompute")
+    p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--max-concurrent-requests", type=int, default=256)
+    p.add_argument("--api-key-file", default=None,
+                   help="require this Bearer key (or set CLEAVE_API_KEY)")
+    p.set_defaults(func=run_router)
+
+
+def run_router(args: argparse.Namespace) -> int:
+    from cleave.runtime.models.loader import load_config, load_tokenizer, resolve_model
+    from cleave.runtime.serving.router import Router, RouterConfig
+
+    setup_logging(f"router:{args.port}")
+    if not args.decode:
+        print("cleave router: error: give at least one --decode worker URL", file=sys.stderr)
+        return 2
+    files = resolve_model(args.model)
+    _, shape = load_config(files)
+    config = RouterConfig(
+        model=args.served_model_name or args.model, prefill_urls=tuple(args.prefill),
+        decode_urls=tuple(args.decode), disaggregate_min_tokens=args.disaggregate_min_tokens,
+        kv_load_failure_policy=args.kv_load_failure_policy,
+        request_timeout_seconds=args.request_timeout,
+        max_concurrent_requests=args.max_concurrent_requests,
+        api_key=_secret(args.api_key_file, "CLEAVE_API_KEY"))
+    router = Router(config, load_tokenizer(files), shape.max_position_embeddings,
+                    shape.vocab_size)
+    logging.info("router listening on http://%s:%d", args.host, args.port)
+    web.run_app(router.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return 0

@@ -1,0 +1,133 @@
+"""The router's view of its workers: health, load, and the internal HTTP calls to them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+
+from cleave.runtime.serving.routing import WorkerState
+
+DOWN_COOLDOWN_SECONDS = 2.0
+
+
+class WorkerUnavailable(RuntimeError):
+    """A worker failed to answer (connection refused or reset, timeout, 5xx)."""
+
+
+class WorkerRejected(ValueError):
+    """A worker refused the request itself (4xx): retrying elsewhere would not help."""
+
+
+@dataclass
+class _Tracked:
+    state: WorkerState
+    down_until: float = 0.0
+
+
+class WorkerPool:
+    def __init__(self, urls: Sequence[str], session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._workers = {u.rstrip("/"): _Tracked(WorkerState(u.rstrip("/"))) for u in urls}
+
+    def __bool__(self) -> bool:
+        return bool(self._workers)
+
+    def snapshot(self) -> list[WorkerState]:
+        now = time.monotonic()
+        return [replace(t.state, healthy=t.state.healthy and now >= t.down_until)
+                for t in self._workers.values()]
+
+    def mark_down(self, url: str) -> None:
+        self._workers[url].down_until = time.monotonic() + DOWN_COOLDOWN_SECONDS
+
+    @contextlib.contextmanager
+    def track(self, url: str) -> Any:
+        t = self._workers[url]
+        t.state = replace(t.state, inflight=t.state.inflight + 1)
+        try:
+            yield
+        finally:
+            t.state = replace(t.state, inflight=t.state.inflight - 1)
+
+    async def refresh(self) -> None:
+        """Poll every worker's /internal/stats (bounded); a silent worker is unhealthy."""
+        async def one(url: str, tracked: _Tracked) -> None:
+            try:
+                async with self.session.get(url + "/internal/stats",
+                                            timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+                    stats = await r.json() if r.status == 200 else None
+            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+                stats = None
+            if stats is None or stats.get("draining"):
+                tracked.state = replace(tracked.state, healthy=False)
+                return
+            tracked.state = replace(tracked.state, healthy=True,
+                                    kv_usage=float(stats.get("kv_usage", 0.0)),
+                                    waiting=int(stats.get("waiting", 0)))
+
+        await asyncio.gather(*(one(u, t) for u, t in self._workers.items()))
+
+    async def any_ready(self) -> bool:
+        await self.refresh()
+        return any(w.healthy for w in self.snapshot())
+
+    # -- calls ---------------------------------------------------------------------------
+    async def prefill(self, url: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        with self.track(url):
+            try:
+                async with self.session.post(url + "/internal/prefill", json=payload,
+                                             timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                    body = await r.json(content_type=None)
+                    status = r.status
+            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+                self.mark_down(url)
+                raise WorkerUnavailable(f"prefill worker {url}: {type(e).__name__}") from None
+        if 400 <= status < 500:
+            raise WorkerRejected(_message(body))
+        if status != 200:
+            self.mark_down(url)
+            raise WorkerUnavailable(f"prefill worker {url} answered {status}")
+        return dict(body)
+
+    async def generate(self, url: str, payload: dict[str, Any], timeout: float,
+                       idle_timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """The worker's NDJSON lines; ends with a ``finished`` line or raises.
+
+        ``idle_timeout`` bounds the gap between lines: a worker that dies mid-stream is
+        noticed within it, and the caller is never left waiting.
+        """
+        with self.track(url):
+            try:
+                async with self.session.post(
+                        url + "/internal/generate", json=payload,
+                        timeout=aiohttp.ClientTimeout(total=timeout,
+                                                      sock_read=idle_timeout)) as r:
+                    if 400 <= r.status < 500:
+                        raise WorkerRejected(_message(await r.json(content_type=None)))
+                    if r.status != 200:
+                        raise WorkerUnavailable(f"decode worker {url} answered {r.status}")
+                    async for raw in r.content:
+                        if not raw.strip():
+                            continue
+                        line = json.loads(raw)
+                        yield line
+                        if line.get("finished"):
+                            return
+            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+                self.mark_down(url)
+                raise WorkerUnavailable(f"decode worker {url}: {type(e).__name__}") from None
+            self.mark_down(url)
+            raise WorkerUnavailable(f"decode worker {url} ended the stream early")
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", "rejected"))
+    return "rejected by the worker"

@@ -1,0 +1,200 @@
+"""The platform end to end: real worker processes, a real redis-server, the router over real
+HTTP, and the official ``openai`` client."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from serving_stack import Stack, post_raw, start_stack
+
+from cleave.runtime.engine.config import EngineConfig
+from cleave.runtime.engine.llm_engine import LLMEngine
+from cleave.runtime.engine.sequence import SamplingParams
+
+LONG = "the quick brown fox jumps over the lazy dog " * 8  # > 16 tokens: disaggregated
+SHORT = "hello there"  # < 16 tokens: served decode-only
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = start_stack(tiny_model_dir, tmp_path_factory.mktemp("stack-logs"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(tiny_model_dir), dtype="float32",
+                                  kv_cache_bytes=1 << 23), progress=lambda _: None)
+
+
+def _client(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.mark.parametrize("prompt", [LONG, SHORT])
+def test_completion_matches_the_single_engine(stack: Stack, reference: LLMEngine,
+                                              prompt: str) -> None:
+    got = _client(stack).completions.create(model="tiny", prompt=prompt, max_tokens=12,
+                                            temperature=0)
+    [want] = reference.generate([prompt], SamplingParams(max_tokens=12))
+    assert got.choices[0].text == want.text
+    assert got.choices[0].finish_reason == ("length" if len(want.token_ids) == 12 else "stop")
+    assert got.usage is not None
+    assert got.usage.prompt_tokens == len(reference.tokenize(prompt))
+    assert got.usage.completion_tokens == len(want.token_ids)
+
+
+def test_streaming_completion_equals_the_whole_one(stack: Stack) -> None:
+    client = _client(stack)
+    whole = client.completions.create(model="tiny", prompt=LONG, max_tokens=10, temperature=0)
+    chunks = list(client.completions.create(model="tiny", prompt=LONG, max_tokens=10,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1  # really streamed
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_chat_streaming_and_not(stack: Stack, reference: LLMEngine) -> None:
+    client = _client(stack)
+    messages = [{"role": "user", "content": LONG}]
+    whole = client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
+                                           max_tokens=8, temperature=0)
+    ids = reference.apply_chat_template(messages)
+    [want] = reference.generate([ids], SamplingParams(max_tokens=8))
+    assert whole.choices[0].message.content == want.text
+    assert whole.usage is not None and whole.usage.prompt_tokens == len(ids)
+    streamed = client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
+                                              max_tokens=8, temperature=0, stream=True)
+    parts = [c.choices[0].delta.content or "" for c in streamed if c.choices]
+    assert "".join(parts) == want.text
+
+
+def test_models_and_probes(stack: Stack) -> None:
+    assert [m.id for m in _client(stack).models.list()] == ["tiny"]
+    import urllib.request
+
+    assert urllib.request.urlopen(stack.router.url + "/health").status == 200  # type: ignore[union-attr]
+    doc = json.loads(urllib.request.urlopen(stack.router.url + "/openapi.json").read())  # type: ignore[union-attr]
+    assert "/v1/chat/completions" in doc["paths"]
+    metrics = urllib.request.urlopen(stack.router.url + "/metrics").read().decode()  # type: ignore[union-attr]
+    assert "cleave_routing_decisions_total" in metrics
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b'{"model": "nope", "prompt": "x"}', 404, "model"),
+    (b'{"model": "tiny", "prompt": 5}', 400, "prompt"),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": -1}', 400, "max_tokens"),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": "many"}', 400, "max_tokens"),
+    (b'{"model": "tiny", "prompt": "' + b"word " * 600 + b'"}', 400, "max_tokens"),
+])
+def test_bad_requests_get_openai_shaped_errors(stack: Stack, body: bytes, status: int,
+                                               param: str | None) -> None:
+    code, reply = post_raw(stack.base_url + "/completions", body)
+    assert code == status
+    error = reply["error"]
+    assert isinstance(error, dict) and error["message"] and error["type"]
+    if param:
+        assert error["param"] == param
+    ok = _client(stack).completions.create(model="tiny", prompt="still fine", max_tokens=3)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_requests_get_an_id_header(stack: Stack) -> None:
+    raw = _client(stack).completions.with_raw_response.create(model="tiny", prompt="x",
+                                                             max_tokens=2)
+    assert raw.headers.get("x-request-id")
+    started = time.monotonic()
+    assert raw.parse().choices
+    assert time.monotonic() - started < 5
+
+
+def _metric(url: str, name: str) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_long_prompts_are_disaggregated_and_short_ones_are_not(stack: Stack) -> None:
+    assert stack.router is not None
+    name = "cleave_routing_decisions_total"
+    before_long = _metric(stack.router.url, name + '{path="disaggregated",reason="long_prompt"}')
+    before_short = _metric(stack.router.url, name + '{path="decode_only",reason="short_prompt"}')
+    client = _client(stack)
+    client.completions.create(model="tiny", prompt=LONG + "x", max_tokens=2)
+    client.completions.create(model="tiny", prompt=SHORT, max_tokens=2)
+    assert _metric(stack.router.url,
+                   name + '{path="disaggregated",reason="long_prompt"}') == before_long + 1
+    assert _metric(stack.router.url,
+                   name + '{path="decode_only",reason="short_prompt"}') == before_short + 1
+    prefill = next(w for w in stack.workers if w.name.startswith("prefill"))
+    assert _metric(prefill.url, "cleave_kv_store_written_bytes_total") > 0
+
+
+@pytest.fixture
+def own_stack(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Stack]:
+    s = start_stack(tiny_model_dir, tmp_path)
+    yield s
+    s.stop()
+
+
+def test_dead_redis_means_recompute_not_failure(own_stack: Stack, reference: LLMEngine) -> None:
+    own_stack.redis.kill()
+    decode = next(w for w in own_stack.workers if w.name.startswith("decode"))
+    started = time.monotonic()
+    got = _client(own_stack).completions.create(model="tiny", prompt=LONG, max_tokens=8,
+                                                temperature=0)
+    assert time.monotonic() - started < 10
+    [want] = reference.generate([LONG], SamplingParams(max_tokens=8))
+    assert got.choices[0].text == want.text
+    assert _metric(decode.url, "cleave_kv_recompute_fallbacks_total") >= 1
+
+
+def test_only_prefill_worker_down_is_served_decode_only(own_stack: Stack,
+                                                        reference: LLMEngine) -> None:
+    prefill = next(w for w in own_stack.workers if w.name.startswith("prefill"))
+    prefill.kill()
+    got = _client(own_stack).completions.create(model="tiny", prompt=LONG, max_tokens=8,
+                                                temperature=0)
+    [want] = reference.generate([LONG], SamplingParams(max_tokens=8))
+    assert got.choices[0].text == want.text
+
+
+def test_decode_worker_killed_mid_stream_ends_clearly(own_stack: Stack) -> None:
+    decode = next(w for w in own_stack.workers if w.name.startswith("decode"))
+    client = _client(own_stack)
+    # Greedy, this prompt runs the tiny model to its token limit (no early EOS).
+    stream = client.completions.create(model="tiny", prompt=LONG, max_tokens=300,
+                                       temperature=0, stream=True)
+    started = time.monotonic()
+    received = 0
+    outcome = "completed"
+    try:
+        for _chunk in stream:
+            received += 1
+            if received == 3:
+                decode.kill()
+    except openai.APIError as e:
+        outcome = f"error: {e}"
+    assert time.monotonic() - started < 20, "never a hang"
+    assert received >= 3
+    # Either every token arrived before the kill took effect, or the stream said why it ended.
+    assert outcome == "completed" or "decode worker" in outcome
+    # With no decode worker left, new requests fail fast with a clear 503.
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2)
+    assert failed.value.status_code == 503

@@ -1,0 +1,73 @@
+"""``cleave up``: the whole platform as local processes, and a clean stop."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+from redis_servers import free_port
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    tree: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        child, parent = (int(x) for x in line.split())
+        tree.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for c in tree.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def test_up_serves_and_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "up.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cleave.runtime.cli", "up", "--model", str(tiny_model_dir),
+         "--dtype", "float32", "--kv-cache-memory", "8MiB", "--port", str(port),
+         "--disaggregate-min-tokens", "16"],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while "Cleave is up" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        children = _children(proc.pid)
+        assert len(children) >= 4  # redis-server, two workers, the router
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-",
+                               max_retries=0)
+        reply = client.completions.create(model=str(tiny_model_dir), prompt="hello " * 20,
+                                          max_tokens=4)
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        text = log.read_text()
+        # One merged log stream, each line naming its process.
+        assert re.search(r"\[ *prefill-0\] ", text) and re.search(r"\[ *decode-0\] ", text)
+        assert "curl " in text and "OpenAI(" in text
+        sock_dir = re.search(r"redis-server on (\S+)/redis.sock", text)
+        assert sock_dir
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        time.sleep(0.5)
+        alive = [c for c in children if Path(f"/proc/{c}").exists()
+                 and "zombie" not in Path(f"/proc/{c}/status").read_text().lower()]
+        assert not alive, f"orphans left: {alive}"
+        assert not Path(sock_dir.group(1)).exists(), "temp files removed"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            raise AssertionError("the router still answers")
+        except OSError:
+            pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
