@@ -198,3 +198,73 @@ def test_decode_worker_killed_mid_stream_ends_clearly(own_stack: Stack) -> None:
     with pytest.raises(openai.APIStatusError) as failed:
         client.completions.create(model="tiny", prompt="x", max_tokens=2)
     assert failed.value.status_code == 503
+
+
+def _stats(url: str) -> dict[str, float]:
+    import urllib.request
+
+    return dict(json.loads(urllib.request.urlopen(url + "/internal/stats").read()))
+
+
+def test_client_disconnect_frees_the_request_everywhere(stack: Stack) -> None:
+    decode = next(w for w in stack.workers if w.name.startswith("decode"))
+    stream = _client(stack).completions.create(model="tiny", prompt=LONG, max_tokens=300,
+                                               temperature=0, stream=True)
+    for i, _chunk in enumerate(stream):
+        if i == 2:
+            break
+    assert _stats(decode.url)["running"] == 1  # still generating when the client leaves
+    stream.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        s = _stats(decode.url)
+        if s["running"] == 0 and s["kv_usage"] == 0:
+            break
+        time.sleep(0.05)
+    s = _stats(decode.url)
+    assert s["running"] == 0 and s["kv_usage"] == 0, s
+
+
+@pytest.fixture(scope="module")
+def guarded_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("guarded")
+    key = logs / "api-key"
+    key.write_text("s3cret-key\n")
+    s = start_stack(tiny_model_dir, logs, prefill=0,
+                    router_args=("--api-key-file", str(key), "--max-concurrent-requests", "1"))
+    yield s
+    s.stop()
+
+
+def test_api_key_is_required_when_configured(guarded_stack: Stack) -> None:
+    for key in ("wrong", ""):
+        client = openai.OpenAI(base_url=guarded_stack.base_url, api_key=key or "x",
+                               max_retries=0, default_headers={} if key else
+                               {"Authorization": ""})
+        with pytest.raises(openai.AuthenticationError):
+            client.completions.create(model="tiny", prompt="x", max_tokens=2)
+    ok = openai.OpenAI(base_url=guarded_stack.base_url, api_key="s3cret-key", max_retries=0)
+    assert ok.completions.create(model="tiny", prompt="x", max_tokens=2).choices
+    assert guarded_stack.router is not None
+    assert "s3cret-key" not in guarded_stack.router.log.read_text()
+
+
+def test_overload_answers_429_with_retry_after(guarded_stack: Stack) -> None:
+    client = openai.OpenAI(base_url=guarded_stack.base_url, api_key="s3cret-key",
+                           max_retries=0)
+    busy = client.completions.create(model="tiny", prompt=LONG, max_tokens=300, temperature=0,
+                                     stream=True)
+    next(iter(busy))  # the only slot is now taken
+    with pytest.raises(openai.RateLimitError) as limited:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2)
+    assert limited.value.response.headers.get("retry-after") == "1"
+    busy.close()
+    deadline = time.monotonic() + 10
+    while True:  # the slot frees once the router notices the disconnect
+        try:
+            client.completions.create(model="tiny", prompt="x", max_tokens=2)
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)

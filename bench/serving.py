@@ -1,0 +1,140 @@
+"""Serving benchmark: disaggregated (1 prefill + 1 decode worker) vs colocated (1 worker).
+
+Both deployments run at once on this machine, each started by ``cleave up`` (its own
+redis-server, workers and router), serving SmolLM2-135M; requests go through each router with
+the official ``openai`` client, one at a time (low load), alternating between the two so
+drift hits both alike. Each request has a fresh 512-token prompt (no prefix-cache help) and
+asks for 64 greedy tokens. TTFT is the time to the first streamed token; TPOT is the time
+per token after it.
+
+    python bench/serving.py [--quick]
+
+The last line is one JSON object with the medians and the disaggregated/colocated ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+
+MODEL = "smollm2-135m-instruct"
+PROMPT_TOKENS = 512
+OUTPUT_TOKENS = 64
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(name: str, prefill: int, port: int, logdir: Path) -> subprocess.Popen[bytes]:
+    logfile = (logdir / f"{name}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cleave.runtime.cli", "up", "--prefill", str(prefill),
+         "--decode", "1", "--port", str(port), "--disaggregate-min-tokens", "64"],
+        stdout=logfile, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited: {(logdir / f'{name}.log').read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as r:
+                if r.status == 200:
+                    log(f"{name} deployment ready on port {port}")
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{name} not ready in time")
+
+
+def one_request(client: openai.OpenAI, prompt: list[int]) -> tuple[float, float, int]:
+    """(ttft, tpot, tokens) of one streamed greedy completion."""
+    start = time.perf_counter()
+    first = last = 0.0
+    tokens = 0
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=OUTPUT_TOKENS,
+                                       temperature=0, stream=True)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            now = time.perf_counter()
+            if not first:
+                first = now
+            last = now
+            tokens += 1
+    ttft = first - start
+    tpot = (last - first) / max(tokens - 1, 1)
+    return ttft, tpot, tokens
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="6 requests each (<3 minutes)")
+    parser.add_argument("--requests", type=int, default=None)
+    args = parser.parse_args()
+    n = args.requests or (6 if args.quick else 20)
+    logdir = Path(tempfile.mkdtemp(prefix="cleave-bench-serving-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = {"disagg": free_port(), "colocated": free_port()}
+        procs.append(start("disagg", 1, ports["disagg"], logdir))
+        procs.append(start("colocated", 0, ports["colocated"], logdir))
+        clients = {k: openai.OpenAI(base_url=f"http://127.0.0.1:{p}/v1", api_key="-",
+                                    max_retries=0, timeout=120) for k, p in ports.items()}
+        rng = random.Random(0)
+
+        def prompt() -> list[int]:
+            return [rng.randrange(100, 40000) for _ in range(PROMPT_TOKENS)]
+
+        for client in clients.values():  # warm-up: first-call costs are not the subject
+            one_request(client, prompt())
+        results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in clients}
+        for i in range(n):
+            order = list(clients) if i % 2 == 0 else list(reversed(clients))
+            for name in order:
+                results[name].append(one_request(clients[name], prompt()))
+            d, c = results["disagg"][-1], results["colocated"][-1]
+            log(f"{i + 1}/{n}: disagg ttft {d[0] * 1e3:.0f} ms tpot {d[1] * 1e3:.1f} ms | "
+                f"colocated ttft {c[0] * 1e3:.0f} ms tpot {c[1] * 1e3:.1f} ms")
+        med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
+               for k, v in results.items()}
+        tokens = statistics.median(r[2] for v in results.values() for r in v)
+        print(json.dumps({
+            "ttft_disagg_ms": round(med["disagg"][0] * 1e3, 1),
+            "ttft_colocated_ms": round(med["colocated"][0] * 1e3, 1),
+            "ttft_ratio": round(med["disagg"][0] / med["colocated"][0], 3),
+            "tpot_disagg_ms": round(med["disagg"][1] * 1e3, 2),
+            "tpot_colocated_ms": round(med["colocated"][1] * 1e3, 2),
+            "tpot_ratio": round(med["disagg"][1] / med["colocated"][1], 3),
+            "requests": n, "prompt_tokens": PROMPT_TOKENS, "median_output_tokens": tokens,
+        }))
+        return 0
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
