@@ -268,3 +268,14 @@ def test_overload_answers_429_with_retry_after(guarded_stack: Stack) -> None:
         except openai.RateLimitError:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+
+
+def test_kv_transfer_is_measured_on_both_sides(stack: Stack) -> None:
+    prefill = next(w for w in stack.workers if w.name.startswith("prefill"))
+    decode = next(w for w in stack.workers if w.name.startswith("decode"))
+    saved = _metric(prefill.url, 'cleave_kv_transfer_bytes_total{direction="save"')
+    loaded = _metric(decode.url, 'cleave_kv_transfer_bytes_total{direction="load"')
+    fresh = f"{time.time_ns()} " + LONG  # a new first block: nothing of it is cached anywhere
+    _client(stack).completions.create(model="tiny", prompt=fresh, max_tokens=2)
+    assert _metric(prefill.url, 'cleave_kv_transfer_bytes_total{direction="save"') > saved
+    assert _metric(decode.url, 'cleave_kv_transfer_bytes_total{direction="load"') > loaded

@@ -9,6 +9,7 @@ trouble: a store that is down, slow or returns bad data means a miss, and the en
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import AsyncGenerator
 from dataclasses import replace
@@ -21,7 +22,13 @@ from cleave.kv_store.store import BlockStore, EncodedBlock, StoredBlock, StoreUn
 from cleave.runtime.engine.async_engine import AsyncEngine
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
 from cleave.runtime.engine.sequence import SamplingParams
-from cleave.runtime.metrics import KV_LOADED_BLOCKS, KV_RECOMPUTE_FALLBACKS
+from cleave.runtime.metrics import (
+    KV_LOADED_BLOCKS,
+    KV_RECOMPUTE_FALLBACKS,
+    KV_TRANSFER_BYTES,
+    KV_TRANSFER_FAILURES,
+    KV_TRANSFER_SECONDS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +38,10 @@ class KVBlocksMissing(RuntimeError):
 
 
 class KVStoreConnector:
-    def __init__(self, engine: AsyncEngine, store: BlockStore) -> None:
+    def __init__(self, engine: AsyncEngine, store: BlockStore, role: str = "both") -> None:
         self.engine = engine
         self.store = store
+        self.role = role  # the metrics label
         core = engine.engine
         self.root_hash = core.root_hash
         self.block_size = core.config.block_size
@@ -60,11 +68,16 @@ class KVStoreConnector:
         blocks = self.encode(handoff, skip)
         if not blocks:
             return 0
+        start = time.perf_counter()
         try:
-            return await self.store.put_many(blocks)
+            written = await self.store.put_many(blocks)
         except StoreUnavailable as e:
+            KV_TRANSFER_FAILURES.labels(self.role, "save").inc()
             log.warning("KV blocks not saved, the store is unavailable: %s", e)
             return 0
+        KV_TRANSFER_SECONDS.labels(self.role, "save").observe(time.perf_counter() - start)
+        KV_TRANSFER_BYTES.labels(self.role, "save").inc(sum(b.nbytes for b in blocks))
+        return written
 
     # -- read path -----------------------------------------------------------------------
     def _tensor(self, block: StoredBlock) -> torch.Tensor | None:
@@ -86,11 +99,15 @@ class KVStoreConnector:
         hashes = chain_hashes(self.root_hash, prompt[:len(prompt) - 1], self.block_size)
         if not hashes:
             return None
+        start = time.perf_counter()
         try:
             stored = await self.store.fetch_prefix(hashes)
         except StoreUnavailable as e:
+            KV_TRANSFER_FAILURES.labels(self.role, "load").inc()
             log.warning("KV prefix lookup skipped, the store is unavailable: %s", e)
             return None
+        KV_TRANSFER_SECONDS.labels(self.role, "load").observe(time.perf_counter() - start)
+        KV_TRANSFER_BYTES.labels(self.role, "load").inc(sum(b.payload.nbytes for b in stored))
         tensors: list[torch.Tensor] = []
         for block in stored:
             t = self._tensor(block)

@@ -67,7 +67,7 @@ def run_worker(args: argparse.Namespace) -> int:
                 RedisStoreConfig(url=args.redis_url, timeout_seconds=args.store_timeout,
                                  password=_secret(args.redis_password_file,
                                                   "CLEAVE_REDIS_PASSWORD")))
-            connector = KVStoreConnector(engine, store)
+            connector = KVStoreConnector(engine, store, role=args.role)
         elif args.role == "prefill":
             logging.warning("a prefill worker without --redis-url cannot hand KV to decode "
                             "workers; they will recompute")
