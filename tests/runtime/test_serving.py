@@ -279,3 +279,36 @@ def test_kv_transfer_is_measured_on_both_sides(stack: Stack) -> None:
     _client(stack).completions.create(model="tiny", prompt=fresh, max_tokens=2)
     assert _metric(prefill.url, 'cleave_kv_transfer_bytes_total{direction="save"') > saved
     assert _metric(decode.url, 'cleave_kv_transfer_bytes_total{direction="load"') > loaded
+
+
+def test_sigterm_drains_in_flight_requests(own_stack: Stack) -> None:
+    import signal as sig
+
+    decode = next(w for w in own_stack.workers if w.name.startswith("decode"))
+    stream = _client(own_stack).completions.create(model="tiny", prompt=SHORT, max_tokens=480,
+                                                   temperature=0, stream=True)
+    chunks = iter(stream)
+    next(chunks)
+    decode.proc.send_signal(sig.SIGTERM)  # mid-request: it must finish, not be cut off
+    rest = [c for c in chunks if c.choices]
+    assert rest and rest[-1].choices[0].finish_reason == "length"
+    assert decode.proc.wait(timeout=15) == 0  # then the worker exits on its own
+    draining = decode.log.read_text()
+    assert "draining" in draining and "grace period over" not in draining
+
+
+def test_fail_policy_refuses_instead_of_recomputing(tiny_model_dir: Path,
+                                                   tmp_path: Path) -> None:
+    s = start_stack(tiny_model_dir, tmp_path,
+                    router_args=("--kv-load-failure-policy", "fail"))
+    try:
+        client = _client(s)
+        assert client.completions.create(model="tiny", prompt=LONG, max_tokens=3).choices
+        s.redis.kill()
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.completions.create(model="tiny", prompt=f"{time.time_ns()} " + LONG,
+                                      max_tokens=3)
+        assert refused.value.status_code == 503
+        assert "kv_load_failure_policy" in str(refused.value)
+    finally:
+        s.stop()

@@ -247,6 +247,8 @@ class Router:
                 metrics.E2E.labels("router").observe(time.perf_counter() - start)
                 return
             except WorkerRejected as e:
+                if e.status == 424:  # KV missing under policy "fail"
+                    raise api.APIError(503, str(e), "service_unavailable") from None
                 raise api.APIError(400, str(e)) from None
             except WorkerUnavailable as e:
                 if produced:

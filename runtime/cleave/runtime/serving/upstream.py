@@ -24,6 +24,10 @@ class WorkerUnavailable(RuntimeError):
 class WorkerRejected(ValueError):
     """A worker refused the request itself (4xx): retrying elsewhere would not help."""
 
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 @dataclass
 class _Tracked:
@@ -110,7 +114,8 @@ class WorkerPool:
                         timeout=aiohttp.ClientTimeout(total=timeout,
                                                       sock_read=idle_timeout)) as r:
                     if 400 <= r.status < 500:
-                        raise WorkerRejected(_message(await r.json(content_type=None)))
+                        raise WorkerRejected(_message(await r.json(content_type=None)),
+                                             r.status)
                     if r.status != 200:
                         raise WorkerUnavailable(f"decode worker {url} answered {r.status}")
                     async for raw in r.content:

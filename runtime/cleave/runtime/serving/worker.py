@@ -167,7 +167,8 @@ class Worker:
         except RequestError as e:
             return _error(400, str(e))
         except KVBlocksMissing as e:
-            return _error(503, str(e))
+            # 424: this request's dependency failed, not the worker; the router says 503.
+            return _error(424, str(e))
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         self.inflight += 1
