@@ -95,7 +95,8 @@ def start_worker(stack: Stack, role: str, logdir: Path, name: str | None = None)
 
 
 def start_stack(model: Path, logdir: Path, prefill: int = 1, decode: int = 1,
-                router_args: tuple[str, ...] = ()) -> Stack:
+                router_args: tuple[str, ...] = (), dns: bool = False) -> Stack:
+    """``dns``: the router finds workers by resolving a name (as a headless Service)."""
     stack = Stack(str(model), start_server())
     try:
         for _ in range(prefill):
@@ -108,7 +109,8 @@ def start_stack(model: Path, logdir: Path, prefill: int = 1, decode: int = 1,
         args = ["router", "--model", stack.model, "--served-model-name", "tiny",
                 "--port", str(port), "--disaggregate-min-tokens", "16", *router_args]
         for w in stack.workers:
-            args += ["--prefill" if w.name.startswith("prefill") else "--decode", w.url]
+            url = w.url.replace("http://127.0.0.1", "dns+http://localhost") if dns else w.url
+            args += ["--prefill" if w.name.startswith("prefill") else "--decode", url]
         stack.router = _spawn("router", args, port, logdir)
         wait_ready(stack.router)
     except BaseException:

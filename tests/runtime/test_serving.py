@@ -312,3 +312,17 @@ def test_fail_policy_refuses_instead_of_recomputing(tiny_model_dir: Path,
         assert "kv_load_failure_policy" in str(refused.value)
     finally:
         s.stop()
+
+
+def test_router_discovers_workers_through_dns(tiny_model_dir: Path, tmp_path: Path,
+                                              reference: LLMEngine) -> None:
+    s = start_stack(tiny_model_dir, tmp_path, dns=True)
+    try:
+        got = _client(s).completions.create(model="tiny", prompt=LONG, max_tokens=6,
+                                            temperature=0)
+        [want] = reference.generate([LONG], SamplingParams(max_tokens=6))
+        assert got.choices[0].text == want.text
+        assert s.router is not None
+        assert _metric(s.router.url, 'cleave_routing_decisions_total{path="disaggregated"') == 1
+    finally:
+        s.stop()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -36,12 +38,43 @@ class _Tracked:
 
 
 class WorkerPool:
+    """Workers from a static list, and from DNS for ``dns+http://host:port`` entries.
+
+    A DNS entry (a Kubernetes headless Service) is re-resolved on every refresh, so pods
+    that come and go as a role scales are picked up without any Kubernetes API access.
+    """
+
     def __init__(self, urls: Sequence[str], session: aiohttp.ClientSession) -> None:
         self.session = session
-        self._workers = {u.rstrip("/"): _Tracked(WorkerState(u.rstrip("/"))) for u in urls}
+        static = [u.rstrip("/") for u in urls if not u.startswith("dns+")]
+        self._dns = {u.removeprefix("dns+").rstrip("/"): set[str]() for u in urls
+                     if u.startswith("dns+")}
+        self._workers = {u: _Tracked(WorkerState(u)) for u in static}
 
     def __bool__(self) -> bool:
-        return bool(self._workers)
+        return bool(self._workers or self._dns)
+
+    async def _discover(self) -> None:
+        loop = asyncio.get_running_loop()
+        for template, known in self._dns.items():
+            parts = urlsplit(template)
+            port = parts.port or 80
+            try:
+                infos = await loop.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+            except OSError:
+                continue  # resolver trouble: keep the last known set
+            found = set()
+            for family, *_, address in infos:
+                host = f"[{address[0]}]" if family == socket.AF_INET6 else str(address[0])
+                found.add(f"{parts.scheme}://{host}:{port}")
+            for url in found - known:
+                self._workers[url] = _Tracked(WorkerState(url))
+            for url in known - found:
+                if self._workers[url].state.inflight == 0:
+                    del self._workers[url]
+                else:
+                    found.add(url)  # gone from DNS but still streaming: drop it later
+            self._dns[template] = found
 
     def snapshot(self) -> list[WorkerState]:
         now = time.monotonic()
@@ -61,7 +94,9 @@ class WorkerPool:
             t.state = replace(t.state, inflight=t.state.inflight - 1)
 
     async def refresh(self) -> None:
-        """Poll every worker's /internal/stats (bounded); a silent worker is unhealthy."""
+        """Re-resolve DNS entries, then poll every worker's /internal/stats (bounded); a
+        silent worker is unhealthy."""
+        await self._discover()
         async def one(url: str, tracked: _Tracked) -> None:
             try:
                 async with self.session.get(url + "/internal/stats",

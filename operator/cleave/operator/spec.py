@@ -1,0 +1,189 @@
+"""The LLMService spec as frozen dataclasses: parsed once, defaulted, then trusted.
+
+The CRD schema rejects most bad specs at admission; what it cannot express (or a spec written
+before a schema change) fails here with :class:`SpecError`, which the operator reports in the
+status as Degraded instead of crash-looping. See docs/llmservice-spec.md for the contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_IMAGE = "ghcr.io/cleave-dev/cleave-runtime:0.1.0"
+AUTOSCALING_MODES = ("Cleave", "External", "Disabled")
+DTYPES = ("auto", "bfloat16", "float32", "float16")
+
+
+class SpecError(ValueError):
+    """The spec cannot be honoured; the message goes into the Degraded condition."""
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Engine:
+    max_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    kv_cache_memory: str | None = None
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    min_replicas: int = 1
+    max_replicas: int = 1
+    ttft_seconds: float | None = None
+    tpot_seconds: float | None = None
+    kv_cache_usage: float | None = None
+
+
+@dataclass(frozen=True)
+class Role:
+    replicas: int = 1
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    engine: Engine = Engine()
+    autoscaling: Autoscaling | None = None
+
+    @property
+    def gpus_per_replica(self) -> int:
+        for section in ("limits", "requests"):
+            value = (self.resources.get(section) or {}).get("nvidia.com/gpu")
+            if value is not None:
+                return int(value)
+        return 0
+
+
+@dataclass(frozen=True)
+class Router:
+    replicas: int = 1
+    port: int = 8000
+    service_type: str = "ClusterIP"
+    disaggregate_min_tokens: int = 64
+    kv_load_failure_policy: str = "recompute"
+    api_key_secret: SecretRef | None = None
+
+
+@dataclass(frozen=True)
+class KVStore:
+    external_url: str | None = None
+    password_secret: SecretRef | None = None
+    managed_image: str | None = None
+    managed_memory: str = "2Gi"
+    ttl_seconds: int = 3600
+
+    @property
+    def managed(self) -> bool:
+        return self.external_url is None
+
+
+@dataclass(frozen=True)
+class LLMServiceSpec:
+    name: str  # metadata.name: names every child and salts the KV namespace
+    namespace: str
+    model_name: str
+    model_source: str
+    dtype: str = "auto"
+    model_claim: str | None = None
+    image: str = DEFAULT_IMAGE
+    prefill: Role | None = None
+    decode: Role = Role()
+    router: Router = Router()
+    kv_store: KVStore = KVStore()
+    autoscaling_mode: str = "Cleave"
+    gpu_budget: int | None = None
+    scale_to_zero: bool = False
+
+
+def _secret(raw: Any, where: str) -> SecretRef | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not raw.get("name") or not raw.get("key"):
+        raise SpecError(f"{where} needs a name and a key")
+    return SecretRef(str(raw["name"]), str(raw["key"]))
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int, low: int, where: str) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SpecError(f"{where}.{key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _role(raw: Any, where: str) -> Role:
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where} must be an object")
+    engine = raw.get("engine") or {}
+    scaling = raw.get("autoscaling")
+    auto = None
+    if scaling is not None:
+        lo = _int(scaling, "minReplicas", 1, 0, f"{where}.autoscaling")
+        hi = _int(scaling, "maxReplicas", max(lo, 1), 0, f"{where}.autoscaling")
+        if lo > hi:
+            raise SpecError(f"{where}.autoscaling: minReplicas {lo} > maxReplicas {hi}")
+        auto = Autoscaling(lo, hi, scaling.get("ttftSeconds"), scaling.get("tpotSeconds"),
+                           scaling.get("kvCacheUsage"))
+    return Role(
+        replicas=_int(raw, "replicas", 1, 0, where),
+        resources=dict(raw.get("resources") or {}),
+        node_selector=dict(raw.get("nodeSelector") or {}),
+        tolerations=tuple(raw.get("tolerations") or ()),
+        engine=Engine(engine.get("maxBatchedTokens"), engine.get("maxNumSeqs"),
+                      engine.get("kvCacheMemory")),
+        autoscaling=auto)
+
+
+def parse_spec(obj: Mapping[str, Any]) -> LLMServiceSpec:
+    """An LLMService object (metadata + spec) -> a validated, defaulted spec."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise SpecError("spec is missing")
+    model = spec.get("model") or {}
+    if not model.get("name") or not model.get("source"):
+        raise SpecError("spec.model needs a name and a non-empty source")
+    dtype = model.get("dtype", "auto")
+    if dtype not in DTYPES:
+        raise SpecError(f"spec.model.dtype must be one of {DTYPES}, got {dtype!r}")
+    if "decode" not in spec:
+        raise SpecError("spec.decode is required")
+    store = spec.get("kvStore") or {}
+    external, managed = store.get("external"), store.get("managed")
+    if (external is None) == (managed is None):
+        raise SpecError("spec.kvStore needs exactly one of external or managed")
+    kv = KVStore(
+        external_url=str(external["url"]) if external else None,
+        password_secret=_secret((external or {}).get("passwordSecret"),
+                                "spec.kvStore.external.passwordSecret"),
+        managed_image=str((managed or {}).get("image", "redis:7.2")) if managed else None,
+        managed_memory=str((managed or {}).get("memory", "2Gi")),
+        ttl_seconds=_int(store, "ttlSeconds", 3600, 1, "spec.kvStore"))
+    router_raw = spec.get("router") or {}
+    router = Router(
+        replicas=_int(router_raw, "replicas", 1, 1, "spec.router"),
+        port=_int(router_raw, "port", 8000, 1, "spec.router"),
+        service_type=str(router_raw.get("serviceType", "ClusterIP")),
+        disaggregate_min_tokens=_int(router_raw, "disaggregateMinTokens", 64, 0, "spec.router"),
+        kv_load_failure_policy=str(router_raw.get("kvLoadFailurePolicy", "recompute")),
+        api_key_secret=_secret(router_raw.get("apiKeySecret"), "spec.router.apiKeySecret"))
+    scaling = spec.get("autoscaling") or {}
+    mode = scaling.get("mode", "Cleave")
+    if mode not in AUTOSCALING_MODES:
+        raise SpecError(f"spec.autoscaling.mode must be one of {AUTOSCALING_MODES}")
+    budget = scaling.get("gpuBudget")
+    return LLMServiceSpec(
+        name=str(meta.get("name", "")), namespace=str(meta.get("namespace", "default")),
+        model_name=str(model["name"]), model_source=str(model["source"]), dtype=str(dtype),
+        model_claim=(model.get("volume") or {}).get("claimName"),
+        image=str(spec.get("image", DEFAULT_IMAGE)),
+        prefill=_role(spec["prefill"], "spec.prefill") if spec.get("prefill") else None,
+        decode=_role(spec["decode"], "spec.decode"), router=router, kv_store=kv,
+        autoscaling_mode=str(mode),
+        gpu_budget=int(budget) if budget is not None else None,
+        scale_to_zero=bool(scaling.get("scaleToZero", False)))
