@@ -165,3 +165,26 @@ def test_worker_args_carry_the_service_namespace_for_kv_isolation() -> None:
     dep = worker_deployment(spec, "decode", spec.decode, owner_reference(BASE), 1)
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--namespace") + 1] == "chat"
+
+
+@pytest.mark.parametrize("example", ["cpu-smollm2.yaml", "gpu-service.yaml",
+                                     "external-redis.yaml"])
+def test_every_example_the_crd_accepts_the_operator_can_build(example: str) -> None:
+    """The CRD schema (with its defaults) and the operator's spec model agree."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from crd_validation import apply_defaults, validate
+
+    root = Path(__file__).parents[2]
+    docs = list(yaml.safe_load_all((root / "examples" / example).read_text()))
+    service = next(d for d in docs if d["kind"] == "LLMService")
+    assert validate(service) == []
+    obj = apply_defaults(copy.deepcopy(service))
+    obj["metadata"].setdefault("namespace", "default")
+    obj["metadata"]["uid"] = "u-2"
+    children = build(obj)
+    assert f"Deployment/{obj['metadata']['name']}-decode" in children

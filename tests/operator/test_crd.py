@@ -1,0 +1,355 @@
+"""The LLMService CRD (crds/llmservice.yaml) against docs/llmservice-spec.md, and the examples."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from crd_validation import (
+    apply_defaults,
+    evaluate_rule,
+    load_crd,
+    openapi_schema,
+    to_json_schema,
+    validate,
+    walk_schema,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def llm_services(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "LLMService"]
+
+
+def minimal() -> dict[str, Any]:
+    return {
+        "apiVersion": "cleave.dev/v1alpha1",
+        "kind": "LLMService",
+        "metadata": {"name": "chat", "namespace": "default"},
+        "spec": {
+            "model": {"name": "smollm2-135m-instruct", "source": "smollm2-135m-instruct"},
+            "decode": {},
+            "kvStore": {"managed": {}},
+        },
+    }
+
+
+def with_spec(**changes: Any) -> dict[str, Any]:
+    """``minimal()`` with spec paths set (``decode__replicas=-1``); None deletes the key."""
+    obj = minimal()
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = obj["spec"]
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return obj
+
+
+# --- the CRD document ---------------------------------------------------------------------
+
+
+def test_crd_document() -> None:
+    crd = load_crd()
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["kind"] == "CustomResourceDefinition"
+    assert crd["metadata"]["name"] == "llmservices.cleave.dev"
+    spec = crd["spec"]
+    assert spec["group"] == "cleave.dev"
+    assert spec["scope"] == "Namespaced"
+    names = spec["names"]
+    assert (names["kind"], names["plural"], names["singular"]) == (
+        "LLMService", "llmservices", "llmservice")
+    assert names["shortNames"] == ["llms"]
+    [version] = spec["versions"]
+    assert version["name"] == "v1alpha1"
+    assert version["served"] is True and version["storage"] is True
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Prefill", "Decode", "Endpoint", "Age"]
+    assert columns["Prefill"]["jsonPath"] == ".status.prefill.readyReplicas"
+    assert columns["Decode"]["jsonPath"] == ".status.decode.readyReplicas"
+    assert columns["Endpoint"]["jsonPath"] == ".status.endpoint"
+    assert columns["Age"] == {"name": "Age", "type": "date",
+                              "jsonPath": ".metadata.creationTimestamp"}
+    for column in columns.values():
+        assert column["type"] in {"integer", "number", "string", "boolean", "date"}
+
+
+def test_schema_required_fields_and_status() -> None:
+    schema = openapi_schema()
+    spec = schema["properties"]["spec"]
+    assert set(spec["required"]) == {"model", "decode", "kvStore"}
+    assert set(spec["properties"]["model"]["required"]) == {"name", "source"}
+    status = schema["properties"]["status"]["properties"]
+    assert set(status) >= {"observedGeneration", "endpoint", "prefill", "decode", "router",
+                           "conditions", "decisions"}
+    condition = status["conditions"]["items"]["properties"]
+    assert condition["type"]["enum"] == ["Ready", "Progressing", "Degraded"]
+    assert condition["status"]["enum"] == ["True", "False", "Unknown"]
+    decision = status["decisions"]["items"]["properties"]
+    assert set(decision) == {"time", "role", "from", "to", "reason", "inputs"}
+
+
+def test_schema_is_structural() -> None:
+    """What the apiserver demands of a structural schema, as far as kubectl cares."""
+    for path, node in walk_schema(openapi_schema()):
+        int_or_string = node.get("x-kubernetes-int-or-string") is True
+        if not int_or_string:
+            assert "type" in node, f"{path or '<root>'} has no type"
+        if int_or_string:
+            assert node.get("anyOf") == [{"type": "integer"}, {"type": "string"}], path
+            assert "type" not in node, path
+        if node.get("type") == "object":
+            assert not ("properties" in node and "additionalProperties" in node), path
+            if "properties" not in node and "additionalProperties" not in node:
+                assert path == "metadata", f"{path} is an object that prunes everything"
+        if node.get("type") == "array":
+            assert "items" in node and "type" in node["items"], path
+        assert not node.get("x-kubernetes-preserve-unknown-fields"), (
+            f"{path}: no field needs x-kubernetes-preserve-unknown-fields")
+        for keyword in ("exclusiveMinimum", "exclusiveMaximum"):
+            if keyword in node:
+                assert isinstance(node[keyword], bool), f"{path}: {keyword} is a bool in v1 CRDs"
+                assert ("minimum" if keyword == "exclusiveMinimum" else "maximum") in node, path
+        for required in node.get("required", []):
+            assert required in node.get("properties", {}), f"{path}: {required} not a property"
+
+
+def test_defaults_validate_against_their_schema() -> None:
+    """The apiserver rejects a CRD whose defaults fail their own schema."""
+    defaults = [(p, n) for p, n in walk_schema(openapi_schema()) if "default" in n]
+    assert defaults
+    for path, node in defaults:
+        errors = list(Draft202012Validator(to_json_schema(node)).iter_errors(
+            apply_defaults(node["default"], node)))
+        assert not errors, (path, [e.message for e in errors])
+
+
+def test_every_rule_compiles_and_has_a_message() -> None:
+    rules = [(p, r) for p, n in walk_schema(openapi_schema())
+             for r in n.get("x-kubernetes-validations", [])]
+    assert len(rules) == 5
+    for path, rule in rules:
+        assert rule.get("message"), path
+        # a rule that does not compile raises here; evaluation errors just count as failures
+        evaluate_rule(rule["rule"], {})
+
+
+# --- examples -----------------------------------------------------------------------------
+
+
+def test_examples_exist() -> None:
+    assert {p.name for p in EXAMPLES} >= {"cpu-smollm2.yaml", "gpu-service.yaml",
+                                          "external-redis.yaml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_validates(path: Path) -> None:
+    services = llm_services(path)
+    assert services
+    for obj in services:
+        assert obj["apiVersion"] == "cleave.dev/v1alpha1"
+        assert validate(obj) == []
+
+
+def test_gpu_example_shape() -> None:
+    [obj] = llm_services(ROOT / "examples" / "gpu-service.yaml")
+    spec = obj["spec"]
+    for role in ("prefill", "decode"):
+        block = spec[role]
+        assert "nvidia.com/gpu" in block["resources"]["limits"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists",
+                "effect": "NoSchedule"} in block["tolerations"]
+        assert block["nodeSelector"]
+        assert block["autoscaling"]["maxReplicas"] >= block["autoscaling"]["minReplicas"]
+    assert spec["autoscaling"]["gpuBudget"] > 0
+
+
+def test_external_redis_example_has_its_secret() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "examples" / "external-redis.yaml").read_text()))
+    assert [d["kind"] for d in docs] == ["LLMService", "Secret"]
+    ref = docs[0]["spec"]["kvStore"]["external"]["passwordSecret"]
+    secret = docs[1]
+    assert secret["apiVersion"] == "v1"
+    assert secret["metadata"]["name"] == ref["name"]
+    assert secret["metadata"]["namespace"] == docs[0]["metadata"]["namespace"]
+    assert ref["key"] in secret["stringData"]
+
+
+def test_cpu_example_is_cpu_only() -> None:
+    [obj] = llm_services(ROOT / "examples" / "cpu-smollm2.yaml")
+    spec = obj["spec"]
+    assert "smollm2" in spec["model"]["source"]
+    assert "managed" in spec["kvStore"]
+    assert "nvidia.com/gpu" not in yaml.safe_dump(obj)
+
+
+# --- invalid specs ------------------------------------------------------------------------
+
+INVALID: dict[str, tuple[dict[str, Any], str]] = {
+    "min > max": (
+        with_spec(decode__autoscaling={"minReplicas": 5, "maxReplicas": 2}),
+        "spec.decode.autoscaling: decode.autoscaling.minReplicas must be <= maxReplicas"),
+    "prefill min > max": (
+        with_spec(prefill__autoscaling={"minReplicas": 3, "maxReplicas": 1}),
+        "spec.prefill.autoscaling: prefill.autoscaling.minReplicas must be <= maxReplicas"),
+    "both external and managed": (
+        with_spec(kvStore={"managed": {}, "external": {"url": "redis://r:6379/0"}}),
+        "spec.kvStore: kvStore must set exactly one of external or managed"),
+    "neither external nor managed": (
+        with_spec(kvStore={"ttlSeconds": 60}),
+        "spec.kvStore: kvStore must set exactly one of external or managed"),
+    "empty source": (
+        with_spec(model__source=""),
+        "spec.model.source: model.source must not be empty"),
+    "negative replicas": (
+        with_spec(decode__replicas=-1),
+        "spec.decode.replicas: -1 is less than the minimum of 0"),
+    "bad dtype": (
+        with_spec(model__dtype="int4"),
+        "spec.model.dtype: 'int4' is not one of ['auto', 'bfloat16', 'float32', 'float16']"),
+    "tpotSeconds 0": (
+        with_spec(decode__autoscaling={"tpotSeconds": 0}),
+        "spec.decode.autoscaling.tpotSeconds: 0 is less than or equal to the minimum of 0"),
+    "ttftSeconds negative": (
+        with_spec(prefill__autoscaling={"ttftSeconds": -0.5}),
+        "spec.prefill.autoscaling.ttftSeconds: -0.5 is less than or equal to the minimum of 0"),
+    "kvCacheUsage 1.5": (
+        with_spec(decode__autoscaling={"kvCacheUsage": 1.5}),
+        "spec.decode.autoscaling.kvCacheUsage: 1.5 is greater than the maximum of 1"),
+    "minReplicas 0 without scaleToZero": (
+        with_spec(decode__autoscaling={"minReplicas": 0, "maxReplicas": 2}),
+        "spec: autoscaling minReplicas must be >= 1 unless autoscaling.scaleToZero is true"),
+    "prefill minReplicas 0 with scaleToZero false": (
+        with_spec(prefill__autoscaling={"minReplicas": 0}, autoscaling={"scaleToZero": False}),
+        "spec: autoscaling minReplicas must be >= 1 unless autoscaling.scaleToZero is true"),
+    "unknown kvLoadFailurePolicy": (
+        with_spec(router__kvLoadFailurePolicy="retry"),
+        "spec.router.kvLoadFailurePolicy: 'retry' is not one of ['recompute', 'fail']"),
+    "port 70000": (
+        with_spec(router__port=70000),
+        "spec.router.port: 70000 is greater than the maximum of 65535"),
+    "router replicas 0": (
+        with_spec(router__replicas=0),
+        "spec.router.replicas: 0 is less than the minimum of 1"),
+    "ttlSeconds 0": (
+        with_spec(kvStore__ttlSeconds=0),
+        "spec.kvStore.ttlSeconds: 0 is less than the minimum of 1"),
+    "bad mode": (
+        with_spec(autoscaling={"mode": "HPA"}),
+        "spec.autoscaling.mode: 'HPA' is not one of ['Cleave', 'External', 'Disabled']"),
+    "negative gpuBudget": (
+        with_spec(autoscaling={"gpuBudget": -1}),
+        "spec.autoscaling.gpuBudget: -1 is less than the minimum of 0"),
+    "bad quantity": (
+        with_spec(decode__resources={"limits": {"memory": "lots"}}),
+        "spec.decode.resources.limits.memory: 'lots' does not match"),
+    "missing model": (
+        with_spec(model=None),
+        "spec: 'model' is a required property"),
+    "missing model name": (
+        with_spec(model={"source": "x"}),
+        "spec.model: 'name' is a required property"),
+    "missing decode": (
+        with_spec(decode=None),
+        "spec: 'decode' is a required property"),
+    "missing kvStore": (
+        with_spec(kvStore=None),
+        "spec: 'kvStore' is a required property"),
+    "unknown field": (
+        with_spec(decode__replica=2),
+        "spec.decode: Additional properties are not allowed ('replica' was unexpected)"),
+    "bad toleration operator": (
+        with_spec(decode__tolerations=[{"key": "k", "operator": "Maybe"}]),
+        "spec.decode.tolerations[0].operator: 'Maybe' is not one of ['Exists', 'Equal']"),
+}
+
+
+@pytest.mark.parametrize(("obj", "message"), list(INVALID.values()), ids=list(INVALID))
+def test_invalid_spec_is_rejected(obj: dict[str, Any], message: str) -> None:
+    errors = validate(obj)
+    assert any(e.startswith(message) for e in errors), errors
+
+
+def test_minimal_spec_is_valid() -> None:
+    assert validate(minimal()) == []
+
+
+def test_scale_to_zero_allows_min_replicas_zero() -> None:
+    obj = with_spec(decode__autoscaling={"minReplicas": 0, "maxReplicas": 4},
+                    prefill__autoscaling={"minReplicas": 0, "maxReplicas": 2},
+                    autoscaling={"scaleToZero": True})
+    assert validate(obj) == []
+
+
+def test_decode_only_and_edge_values_are_valid() -> None:
+    obj = with_spec(prefill__replicas=0, router__port=65535, router__disaggregateMinTokens=0,
+                    decode__autoscaling={"minReplicas": 2, "maxReplicas": 2,
+                                         "kvCacheUsage": 1, "tpotSeconds": 0.001},
+                    decode__resources={"limits": {"nvidia.com/gpu": 1, "cpu": "500m"}},
+                    autoscaling={"gpuBudget": 0, "mode": "External"})
+    assert validate(obj) == []
+
+
+def test_validate_does_not_mutate_its_input() -> None:
+    obj = minimal()
+    before = copy.deepcopy(obj)
+    validate(obj)
+    assert obj == before
+
+
+# --- defaults -----------------------------------------------------------------------------
+
+
+def test_defaults_are_applied() -> None:
+    spec = apply_defaults(with_spec(prefill={}))["spec"]
+    assert spec["image"] == "ghcr.io/cleave-dev/cleave-runtime:0.1.0"
+    assert spec["model"]["dtype"] == "auto"
+    assert spec["prefill"]["replicas"] == 1
+    assert spec["decode"]["replicas"] == 1
+    assert spec["router"] == {"replicas": 1, "port": 8000, "serviceType": "ClusterIP",
+                              "disaggregateMinTokens": 64, "kvLoadFailurePolicy": "recompute"}
+    assert spec["kvStore"]["ttlSeconds"] == 3600
+    assert spec["autoscaling"] == {"mode": "Cleave", "scaleToZero": False}
+    assert "gpuBudget" not in spec["autoscaling"]
+
+
+def test_defaults_keep_explicit_values() -> None:
+    spec = apply_defaults(with_spec(decode__replicas=0, router={"port": 9000},
+                                    autoscaling={"mode": "Disabled"}))["spec"]
+    assert spec["decode"]["replicas"] == 0
+    assert spec["router"]["port"] == 9000
+    assert spec["router"]["replicas"] == 1
+    assert spec["autoscaling"]["mode"] == "Disabled"
+
+
+def test_status_validates() -> None:
+    obj = minimal()
+    obj["status"] = {
+        "observedGeneration": 3,
+        "endpoint": "http://chat-router.default.svc:8000/v1",
+        "prefill": {"desiredReplicas": 1, "readyReplicas": 1},
+        "decode": {"desiredReplicas": 2, "readyReplicas": 1},
+        "router": {"desiredReplicas": 1, "readyReplicas": 1},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "AllReady", "message": "",
+                        "lastTransitionTime": "2025-01-01T00:00:00Z", "observedGeneration": 3}],
+        "decisions": [{"time": "2025-01-01T00:00:00Z", "role": "decode", "from": 1, "to": 2,
+                       "reason": "tpot above target", "inputs": {"tpotSeconds": "0.09"}}],
+    }
+    assert validate(obj) == []
+    obj["status"]["conditions"][0]["status"] = "Yes"
+    assert any(e.startswith("status.conditions[0].status:") for e in validate(obj))
