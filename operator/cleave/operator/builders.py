@@ -93,7 +93,8 @@ def _probes(port: int) -> Manifest:
 
 
 def _mounts(spec: LLMServiceSpec) -> tuple[list[Manifest], list[Manifest]]:
-    mounts: list[Manifest] = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": "/cache"}]
+    mounts: list[Manifest] = [{"name": "tmp", "mountPath": "/tmp"},
+                              {"name": "cache", "mountPath": "/cache"}]
     volumes: list[Manifest] = []
     if spec.model_claim:
         mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})

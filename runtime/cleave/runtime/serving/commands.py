@@ -100,6 +100,8 @@ def add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--max-concurrent-requests", type=int, default=256)
     p.add_argument("--api-key-file", default=None,
                    help="require this Bearer key (or set CLEAVE_API_KEY)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the workers' context limit, if lower than the model's own")
     p.set_defaults(func=run_router)
 
 
@@ -120,8 +122,12 @@ def run_router(args: argparse.Namespace) -> int:
         request_timeout_seconds=args.request_timeout,
         max_concurrent_requests=args.max_concurrent_requests,
         api_key=_secret(args.api_key_file, "CLEAVE_API_KEY"))
-    router = Router(config, load_tokenizer(files), shape.max_position_embeddings,
-                    shape.vocab_size)
+    max_len = min(args.max_model_len or shape.max_position_embeddings,
+                  shape.max_position_embeddings)
+    router = Router(config, load_tokenizer(files), max_len, shape.vocab_size)
     logging.info("router listening on http://%s:%d", args.host, args.port)
-    web.run_app(router.app(), host=args.host, port=args.port, print=None, access_log=None)
+    # handler_cancellation: a client that disconnects cancels its handler, which closes the
+    # upstream request, which aborts it on the worker and frees its KV (streamed or not).
+    web.run_app(router.app(), host=args.host, port=args.port, print=None, access_log=None,
+                handler_cancellation=True)
     return 0

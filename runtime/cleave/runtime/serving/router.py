@@ -183,7 +183,8 @@ class Router:
         self.active += 1
         try:
             rid = str(request["rid"])
-            events = self._generate(rid, ids, params)
+            # Client-chosen ids may repeat; the workers get one that cannot collide.
+            events = self._generate(f"{rid}-{uuid.uuid4().hex[:8]}", ids, params)
             want_lps = params.logprobs is not None
             if stream:
                 writer = responses.StreamWriter(rid, self.config.model, chat, include_usage,

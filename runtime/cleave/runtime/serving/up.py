@@ -31,7 +31,14 @@ def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p.add_argument("--port", type=int, default=8000, help="the router's port")
     p.add_argument("--redis-url", default=None,
                    help="use this Redis instead of starting a private redis-server")
-    p.add_argument("--disaggregate-min-tokens", type=int, default=64)
+    p.add_argument("--disaggregate-min-tokens", type=int, default=64,
+                   help="prompts shorter than this skip the separate prefill")
+    p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"],
+                   default="recompute")
+    p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--max-concurrent-requests", type=int, default=256)
+    p.add_argument("--api-key-file", default=None,
+                   help="require this Bearer key (or set CLEAVE_API_KEY)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     add_engine_arguments(p)  # type: ignore[operator]
     p.set_defaults(func=run_up)
@@ -91,7 +98,8 @@ def _wait_ready(processes: list[_Process], timeout: float) -> None:
         time.sleep(0.2)
 
 
-def _stop(processes: list[_Process], grace: float = 10.0) -> None:
+def _stop(processes: list[_Process], grace: float = 40.0) -> None:
+    """SIGTERM all, then SIGKILL what outlives the workers' own drain period."""
     for p in processes:
         if p.proc.poll() is None:
             p.proc.send_signal(signal.SIGTERM)
@@ -120,6 +128,7 @@ def run_up(args: argparse.Namespace) -> int:
     cli = [sys.executable, "-m", "cleave.runtime.cli"]
     processes: list[_Process] = []
     stopping = threading.Event()
+    crashed = False
 
     def on_signal(*_: object) -> None:
         stopping.set()
@@ -138,7 +147,14 @@ def run_up(args: argparse.Namespace) -> int:
         _wait_ready(processes, args.startup_timeout)
         router_cmd = [*cli, "router", "--model", args.model, "--host", args.host,
                       "--port", str(args.port),
-                      "--disaggregate-min-tokens", str(args.disaggregate_min_tokens)]
+                      "--disaggregate-min-tokens", str(args.disaggregate_min_tokens),
+                      "--kv-load-failure-policy", args.kv_load_failure_policy,
+                      "--request-timeout", str(args.request_timeout),
+                      "--max-concurrent-requests", str(args.max_concurrent_requests)]
+        if args.api_key_file:
+            router_cmd += ["--api-key-file", args.api_key_file]
+        if args.max_model_len:
+            router_cmd += ["--max-model-len", str(args.max_model_len)]
         for p in processes:
             router_cmd += ["--prefill" if p.name.startswith("prefill") else "--decode", p.url]
         router = subprocess.Popen(router_cmd, env=env, stdout=subprocess.PIPE,
@@ -161,6 +177,7 @@ messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
                 if p.proc.poll() is not None:
                     print(f"cleave up: {p.name} exited with code {p.proc.returncode}; "
                           "stopping", flush=True)
+                    crashed = True
                     stopping.set()
             stopping.wait(0.5)
     except KeyboardInterrupt:
@@ -173,4 +190,4 @@ messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
         _stop(processes)
         if redis is not None:
             redis.stop()
-    return 0
+    return 1 if crashed else 0

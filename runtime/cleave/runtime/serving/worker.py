@@ -156,6 +156,7 @@ class Worker:
             return _error(503, "worker is draining")
         if self.role == "prefill":
             return _error(400, "this is a prefill worker")
+        start = time.perf_counter()
         try:
             rid, ids, params, body = await self._parse(request)
             first = body.get("first_token")
@@ -169,13 +170,12 @@ class Worker:
         except KVBlocksMissing as e:
             # 424: this request's dependency failed, not the worker; the router says 503.
             return _error(424, str(e))
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
         self.inflight += 1
-        start = time.perf_counter()
         last = start
         n = 0
         try:
+            response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+            await response.prepare(request)
             out: RequestOutput | None = head
             while out is not None:
                 now = time.perf_counter()
@@ -190,6 +190,8 @@ class Worker:
                 if out.finished:
                     metrics.E2E.labels(self.role).observe(now - start)
                     metrics.GENERATION_TOKENS.labels(self.role).inc(out.num_output_tokens)
+                    if first is None:  # a prefilled request's prompt was counted there
+                        metrics.PROMPT_TOKENS.labels(self.role).inc(out.num_prompt_tokens)
                     metrics.REQUESTS.labels(self.role, str(out.finish_reason)).inc()
                     break
                 out = await anext(stream, None)

@@ -1,0 +1,86 @@
+"""Shared by the protocol tests: request bodies and the tables of bodies that must be refused."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cleave.runtime.serving import protocol as api
+
+MODEL = "smollm2"
+SERVED = [MODEL]
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "Hello", **fields}
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": CHAT, **fields}
+
+
+# -- validation: bad bodies -----------------------------------------------------------------
+
+COMMON_BAD: list[tuple[dict[str, Any], str | None]] = [
+    ({"n": 2}, "n"), ({"n": 0}, "n"), ({"n": "1"}, "n"), ({"n": True}, "n"),
+    ({"temperature": -0.1}, "temperature"), ({"temperature": 2.01}, "temperature"),
+    ({"temperature": "1"}, "temperature"), ({"temperature": True}, "temperature"),
+    ({"temperature": math.nan}, "temperature"), ({"temperature": math.inf}, "temperature"),
+    ({"temperature": 10**400}, "temperature"),
+    ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_p": [1]}, "top_p"),
+    ({"top_k": -2}, "top_k"), ({"top_k": 1.5}, "top_k"), ({"top_k": False}, "top_k"),
+    ({"seed": "7"}, "seed"), ({"seed": 1 << 63}, "seed"), ({"seed": 0.5}, "seed"),
+    ({"stop": ""}, "stop"), ({"stop": [""]}, "stop"), ({"stop": ["a"] * 5}, "stop"),
+    ({"stop": 3}, "stop"), ({"stop": ["a", 1]}, "stop"), ({"stop": {"a": 1}}, "stop"),
+    ({"stream": "true"}, "stream"), ({"stream": 1}, "stream"),
+    ({"stream_options": True}, "stream_options"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ({"ignore_eos": 0}, "ignore_eos"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"frequency_penalty": -1}, "frequency_penalty"),
+    ({"frequency_penalty": False}, "frequency_penalty"),
+    ({"logit_bias": {"5": 1}}, "logit_bias"),
+    ({"model": ""}, "model"), ({"model": 3}, "model"), ({"model": None}, "model"),
+]
+
+COMPLETION_BAD: list[tuple[dict[str, Any], str | None]] = [
+    *COMMON_BAD,
+    ({"prompt": None}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"),
+    ({"prompt": [""]}, "prompt"), ({"prompt": [[]]}, "prompt"), ({"prompt": 5}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [[1], [2]]}, "prompt"),
+    ({"prompt": [1, -1]}, "prompt"), ({"prompt": [1, True]}, "prompt"),
+    ({"prompt": [1, 2.5]}, "prompt"), ({"prompt": {"text": "a"}}, "prompt"),
+    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -3}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"), ({"max_tokens": "16"}, "max_tokens"),
+    ({"max_tokens": 1.5}, "max_tokens"), ({"max_tokens": api.MAX_TOKENS_LIMIT + 1}, "max_tokens"),
+    ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),
+    ({"logprobs": True}, "logprobs"),
+    ({"echo": True}, "echo"), ({"best_of": 2}, "best_of"), ({"suffix": "end"}, "suffix"),
+]
+CHAT_BAD: list[tuple[dict[str, Any], str | None]] = [
+    *COMMON_BAD,
+    ({"messages": None}, "messages"), ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"), ({"messages": {"role": "user"}}, "messages"),
+    ({"messages": ["hi"]}, "messages[0]"),
+    ({"messages": [*CHAT, {"role": "bot", "content": "x"}]}, "messages[1].role"),
+    ({"messages": [{"content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"messages": [{"role": "system", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": ["hi"]}]}, "messages[0].content[0]"),
+    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": True}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"max_completion_tokens": "8"}, "max_completion_tokens"),
+    ({"max_completion_tokens": 8, "max_tokens": -1}, "max_tokens"),
+    ({"logprobs": 1}, "logprobs"), ({"logprobs": "true"}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": -1}, "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+]
