@@ -1,0 +1,99 @@
+"""The LLMService status, computed from what the cluster reports: a pure function.
+
+Conditions follow Kubernetes conventions (Ready, Progressing, Degraded) and their reasons
+tell apart the cases an operator of the service needs to tell apart: pods waiting for GPU
+capacity, pods scheduled but not ready yet, an invalid spec, and all replicas ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cleave.operator.spec import LLMServiceSpec
+
+
+@dataclass(frozen=True)
+class RoleObservation:
+    desired: int
+    ready: int
+    pending_unschedulable: int = 0  # pods the scheduler cannot place
+    pending_for_gpu: bool = False  # ... because no node has the GPUs they ask for
+    message: str = ""
+
+
+def observe_role(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+                 ) -> RoleObservation:
+    """Summarise a role's Deployment and pods as a controller reports them."""
+    if deployment is None:
+        return RoleObservation(0, 0, message="deployment not created yet")
+    desired = int((deployment.get("spec") or {}).get("replicas", 1))
+    ready = int((deployment.get("status") or {}).get("readyReplicas", 0) or 0)
+    unschedulable, gpu, message = 0, False, ""
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
+                    and cond.get("reason") == "Unschedulable":
+                unschedulable += 1
+                text = str(cond.get("message", ""))
+                gpu = gpu or "nvidia.com/gpu" in text
+                message = message or text
+    return RoleObservation(desired, ready, unschedulable, gpu, message)
+
+
+def _condition(kind: str, ok: bool, reason: str, message: str, generation: int,
+               previous: Sequence[Mapping[str, Any]], now: str) -> dict[str, Any]:
+    status = "True" if ok else "False"
+    before = next((c for c in previous if c.get("type") == kind), None)
+    # lastTransitionTime moves only when the status flips: a steady state writes nothing.
+    since = before["lastTransitionTime"] if before and before.get("status") == status \
+        and before.get("lastTransitionTime") else now
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "observedGeneration": generation, "lastTransitionTime": since}
+
+
+def compute_status(spec: LLMServiceSpec | None, generation: int,
+                   roles: Mapping[str, RoleObservation], endpoint: str | None,
+                   previous: Mapping[str, Any], now: str,
+                   spec_error: str | None = None) -> dict[str, Any]:
+    """The whole status block; identical inputs give an identical block (no spurious writes)."""
+    old = list(previous.get("conditions") or [])
+    if spec is None or spec_error:
+        message = spec_error or "spec is missing"
+        return {**{k: v for k, v in previous.items() if k != "conditions"},
+                "observedGeneration": generation, "conditions": [
+                    _condition("Ready", False, "SpecInvalid", message, generation, old, now),
+                    _condition("Progressing", False, "SpecInvalid", message, generation, old,
+                               now),
+                    _condition("Degraded", True, "SpecInvalid", message, generation, old, now)]}
+    all_ready = all(r.ready >= r.desired for r in roles.values()) and bool(roles)
+    gpu_wait = [n for n, r in roles.items() if r.pending_for_gpu]
+    unsched = [n for n, r in roles.items() if r.pending_unschedulable and not r.pending_for_gpu]
+    if all_ready:
+        reason, message = "AllReplicasReady", "every role has its desired replicas ready"
+    elif gpu_wait:
+        reason = "PodsPendingForGPU"
+        message = f"{', '.join(gpu_wait)} pods wait for GPU capacity: " + \
+            roles[gpu_wait[0]].message
+    elif unsched:
+        reason = "PodsUnschedulable"
+        message = f"{', '.join(unsched)} pods cannot be scheduled: " + roles[unsched[0]].message
+    else:
+        waiting = [f"{n} {r.ready}/{r.desired}" for n, r in roles.items() if r.ready < r.desired]
+        reason, message = "PodsNotReady", "waiting for ready replicas: " + ", ".join(waiting)
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "endpoint": endpoint,
+        "conditions": [
+            _condition("Ready", all_ready, reason, message, generation, old, now),
+            _condition("Progressing", not all_ready, reason, message, generation, old, now),
+            # Degraded: something will not fix itself by waiting (pods nobody can place).
+            _condition("Degraded", bool(gpu_wait or unsched), reason, message, generation,
+                       old, now)],
+    }
+    for name, r in roles.items():
+        status[name] = {"desiredReplicas": r.desired, "readyReplicas": r.ready}
+    if "decisions" in previous:
+        status["decisions"] = previous["decisions"]
+    return status
