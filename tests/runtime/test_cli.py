@@ -31,3 +31,18 @@ def test_generate_reports_a_missing_model_clearly(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "not found" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_cli_and_the_operator_command_do_not_import_torch() -> None:
+    # The operator image ships without torch: `cleave operator` must start without it.
+    code = ("import sys, cleave.runtime.cli as c; c.build_parser(); "
+            "import cleave.operator.handlers; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_every_subcommand_has_help() -> None:
+    for command in ("generate", "worker", "router", "up", "operator"):
+        out = subprocess.run([*CLEAVE, command, "--help"], capture_output=True, text=True,
+                             check=True)
+        assert "usage: cleave " + command in out.stdout

