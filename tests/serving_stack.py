@@ -107,7 +107,8 @@ def start_stack(model: Path, logdir: Path, prefill: int = 1, decode: int = 1,
             wait_ready(w)
         port = free_port()
         args = ["router", "--model", stack.model, "--served-model-name", "tiny",
-                "--port", str(port), "--disaggregate-min-tokens", "16", *router_args]
+                "--port", str(port), "--disaggregate-min-tokens", "16",
+                "--redis-url", stack.redis.unix_url, *router_args]
         for w in stack.workers:
             url = w.url.replace("http://127.0.0.1", "dns+http://localhost") if dns else w.url
             args += ["--prefill" if w.name.startswith("prefill") else "--decode", url]

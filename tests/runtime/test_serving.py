@@ -135,7 +135,7 @@ def test_long_prompts_are_disaggregated_and_short_ones_are_not(stack: Stack) -> 
     before_long = _metric(stack.router.url, name + '{path="disaggregated",reason="long_prompt"}')
     before_short = _metric(stack.router.url, name + '{path="decode_only",reason="short_prompt"}')
     client = _client(stack)
-    client.completions.create(model="tiny", prompt=LONG + "x", max_tokens=2)
+    client.completions.create(model="tiny", prompt=f"{time.time_ns()} " + LONG, max_tokens=2)
     client.completions.create(model="tiny", prompt=SHORT, max_tokens=2)
     assert _metric(stack.router.url,
                    name + '{path="disaggregated",reason="long_prompt"}') == before_long + 1
@@ -326,3 +326,15 @@ def test_router_discovers_workers_through_dns(tiny_model_dir: Path, tmp_path: Pa
         assert _metric(s.router.url, 'cleave_routing_decisions_total{path="disaggregated"') == 1
     finally:
         s.stop()
+
+
+def test_a_mostly_cached_prompt_skips_the_separate_prefill(stack: Stack) -> None:
+    assert stack.router is not None
+    name = 'cleave_routing_decisions_total{path="decode_only",reason="mostly_cached"}'
+    before = _metric(stack.router.url, name)
+    fresh = f"{time.time_ns()} " + LONG
+    client = _client(stack)
+    client.completions.create(model="tiny", prompt=fresh, max_tokens=2)  # blocks now stored
+    assert _metric(stack.router.url, name) == before
+    client.completions.create(model="tiny", prompt=fresh + " more", max_tokens=2)
+    assert _metric(stack.router.url, name) == before + 1

@@ -154,7 +154,8 @@ def router_deployment(spec: LLMServiceSpec, owner: Manifest) -> Manifest:
     if spec.prefill is not None:
         args += ["--prefill", f"dns+http://{spec.name}-prefill.{svc}:{WORKER_PORT}"]
     args += ["--decode", f"dns+http://{spec.name}-decode.{svc}:{WORKER_PORT}"]
-    env: list[Manifest] = [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}]
+    args += ["--redis-url", redis_url(spec)]
+    env: list[Manifest] = [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}, *_password_env(spec)]
     if r.api_key_secret is not None:
         env.append({"name": "CLEAVE_API_KEY", "valueFrom": {"secretKeyRef": {
             "name": r.api_key_secret.name, "key": r.api_key_secret.key}}})

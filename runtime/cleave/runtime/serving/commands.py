@@ -102,6 +102,11 @@ def add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="require this Bearer key (or set CLEAVE_API_KEY)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="the workers' context limit, if lower than the model's own")
+    p.add_argument("--redis-url", default=None,
+                   help="the workers' KV store: mostly-cached prompts then skip the separate "
+                        "prefill")
+    p.add_argument("--redis-password-file", default=None,
+                   help="file holding the Redis password (or set CLEAVE_REDIS_PASSWORD)")
     p.set_defaults(func=run_router)
 
 
@@ -121,7 +126,8 @@ def run_router(args: argparse.Namespace) -> int:
         kv_load_failure_policy=args.kv_load_failure_policy,
         request_timeout_seconds=args.request_timeout,
         max_concurrent_requests=args.max_concurrent_requests,
-        api_key=_secret(args.api_key_file, "CLEAVE_API_KEY"))
+        api_key=_secret(args.api_key_file, "CLEAVE_API_KEY"), redis_url=args.redis_url,
+        redis_password=_secret(args.redis_password_file, "CLEAVE_REDIS_PASSWORD"))
     max_len = min(args.max_model_len or shape.max_position_embeddings,
                   shape.max_position_embeddings)
     router = Router(config, load_tokenizer(files), max_len, shape.vocab_size)

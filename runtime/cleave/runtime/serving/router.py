@@ -23,6 +23,10 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
+from cleave.kv_store.block_hash import chain_hashes
+from cleave.kv_store.keys import KeySpace
+from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+from cleave.kv_store.store import StoreUnavailable
 from cleave.runtime import metrics
 from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.serving import protocol as api
@@ -45,6 +49,9 @@ class RouterConfig:
     worker_idle_timeout_seconds: float = 30.0  # longest silence from a streaming worker
     max_concurrent_requests: int = 256  # beyond this: 429 with Retry-After
     api_key: str | None = None
+    # The workers' block store: lets the router see how much of a prompt is cached already.
+    redis_url: str | None = None
+    redis_password: str | None = None
     default_completion_max_tokens: int = 16  # OpenAI's default for /v1/completions
 
     def __post_init__(self) -> None:
@@ -63,6 +70,7 @@ class Router:
         self.vocab_size = vocab_size
         self.active = 0
         self.session: aiohttp.ClientSession | None = None
+        self._store: RedisBlockStore | None = None
         self.prefill: WorkerPool
         self.decode: WorkerPool
 
@@ -91,8 +99,27 @@ class Router:
             await asyncio.sleep(1.0)
             await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
 
+    async def _cached_tokens(self, ids: list[int]) -> int:
+        """How many leading prompt tokens the store already holds (0 when it cannot say)."""
+        identity = self.decode.kv_identity
+        if self.config.redis_url is None or identity is None:
+            return 0
+        root, block_size, namespace = identity
+        if self._store is None or self._store.keys.namespace != namespace:
+            self._store = RedisBlockStore(
+                KeySpace(namespace, bytes.fromhex(root)),
+                RedisStoreConfig(url=self.config.redis_url, password=self.config.redis_password,
+                                 timeout_seconds=0.2))
+        hashes = chain_hashes(bytes.fromhex(root), ids[:len(ids) - 1], block_size)
+        try:
+            return block_size * await self._store.longest_cached_prefix(hashes)
+        except StoreUnavailable:
+            return 0
+
     async def _stop(self, _: web.Application) -> None:
         self._poller.cancel()
+        if self._store is not None:
+            await self._store.close()
         if self.session is not None:
             await self.session.close()
 
@@ -203,7 +230,8 @@ class Router:
                         params: SamplingParams) -> AsyncIterator[dict[str, Any]]:
         cfg = self.config
         sampling = asdict(params)
-        path = choose_path(len(ids), 0, bool(self.prefill), cfg.disaggregate_min_tokens)
+        cached = await self._cached_tokens(ids) if len(ids) >= cfg.disaggregate_min_tokens else 0
+        path = choose_path(len(ids), cached, bool(self.prefill), cfg.disaggregate_min_tokens)
         if params.logprobs is not None:
             path = type(path)(False, "logprobs")  # served whole: one place computes them all
         first: int | None = None

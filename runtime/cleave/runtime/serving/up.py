@@ -150,7 +150,8 @@ def run_up(args: argparse.Namespace) -> int:
                       "--disaggregate-min-tokens", str(args.disaggregate_min_tokens),
                       "--kv-load-failure-policy", args.kv_load_failure_policy,
                       "--request-timeout", str(args.request_timeout),
-                      "--max-concurrent-requests", str(args.max_concurrent_requests)]
+                      "--max-concurrent-requests", str(args.max_concurrent_requests),
+                      "--redis-url", redis_url]
         if args.api_key_file:
             router_cmd += ["--api-key-file", args.api_key_file]
         if args.max_model_len:

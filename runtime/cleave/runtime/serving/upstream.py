@@ -50,6 +50,8 @@ class WorkerPool:
         self._dns = {u.removeprefix("dns+").rstrip("/"): set[str]() for u in urls
                      if u.startswith("dns+")}
         self._workers = {u: _Tracked(WorkerState(u)) for u in static}
+        # (root hash hex, block size, namespace) of the workers' KV blocks, once one says.
+        self.kv_identity: tuple[str, int, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._workers or self._dns)
@@ -107,6 +109,9 @@ class WorkerPool:
             if stats is None or stats.get("draining"):
                 tracked.state = replace(tracked.state, healthy=False)
                 return
+            if stats.get("kv_namespace") and stats.get("kv_root_hash"):
+                self.kv_identity = (str(stats["kv_root_hash"]), int(stats["block_size"]),
+                                    str(stats["kv_namespace"]))
             tracked.state = replace(tracked.state, healthy=True,
                                     kv_usage=float(stats.get("kv_usage", 0.0)),
                                     waiting=int(stats.get("waiting", 0)))

@@ -103,7 +103,10 @@ class Worker:
             "role": self.role, "running": len(core.scheduler.running),
             "waiting": len(core.scheduler.waiting), "inflight": self.inflight,
             "kv_usage": core.kv_usage_ratio(), "draining": self.draining,
-            "max_model_len": core.max_model_len})
+            "max_model_len": core.max_model_len,
+            # What a router needs to ask the store how much of a prompt is cached.
+            "kv_root_hash": core.root_hash.hex(), "block_size": core.config.block_size,
+            "kv_namespace": self.connector.store.keys.namespace if self.connector else None})
 
     # -- work ----------------------------------------------------------------------------
     async def _parse(self, request: web.Request) -> tuple[str, list[int], SamplingParams,
