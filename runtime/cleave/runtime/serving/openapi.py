@@ -158,7 +158,7 @@ def openapi_document(models: Sequence[str], *, vocab_size: int | None = None) ->
                 {"object": {"const": "list"}, "data": {"type": "array", "items": model}},
                 ["object", "data"])}}),
             "/health": _get("Liveness"),
-            "/ready": _get("Readiness: at least one worker of each needed role is ready"),
+            "/ready": _get("Readiness: at least one decode (or both-role) worker is ready"),
             "/metrics": _get("Prometheus metrics", {"text/plain": {"schema": _STRING}}),
         },
         "components": {"schemas": {"Error": _ERROR}},
