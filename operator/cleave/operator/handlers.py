@@ -8,6 +8,7 @@ operator cannot honour becomes a Degraded condition, never a crash loop.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -16,7 +17,8 @@ from kubernetes import client
 from cleave.operator.kube import GROUP, PLURAL, VERSION, Kube
 from cleave.operator.reconcile import reconcile
 
-RECHECK_SECONDS = 30.0
+# How often children are re-compared (pods turn ready, someone edits a child by hand).
+RECHECK_SECONDS = float(os.environ.get("CLEAVE_RECHECK_SECONDS", "30"))
 _kube: Kube | None = None
 
 
