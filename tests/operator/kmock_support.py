@@ -212,7 +212,14 @@ class Emulator(kmock.KubernetesEmulator):
                     kind=names["kind"], singular=names.get("singular"), verbs=VERBS, namespaced=(
                         spec["scope"] == "Namespaced"), subresources=v.get("subresources", {}),
                     shortnames=names.get("shortNames", ()), categories=names.get("categories", ()))
-        return self.store(key, body, "ADDED")
+        stored = self.store(key, body, "ADDED")
+        refs = meta.get("ownerReferences")
+        if refs and not any(r.get("uid") in {o["metadata"]["uid"] for _, o in self.live()}
+                            for r in refs):
+            # Owned by something already gone (a reconcile racing a delete): the real
+            # garbage collector removes such an object shortly after; so do we, at once.
+            return self.remove(key, stored)
+        return stored
 
     def update(self, key: Any, new: Obj, sub: str | None = None) -> Obj:
         old = self.read(key)
@@ -256,7 +263,8 @@ class Emulator(kmock.KubernetesEmulator):
             if not doomed:
                 return obj
             for k in doomed:
-                self.drop(k)
+                if k in self.objects and not self.objects[k].deleted:  # not gone already
+                    self.drop(k)
 
     def scale(self, obj: Obj) -> Obj:
         meta, labels = obj["metadata"], dig(obj, "spec.selector.matchLabels") or {}

@@ -75,6 +75,11 @@ def test_lifecycle_create_update_status_delete(emu: KubeEmulator) -> None:
         status = eventually(lambda: cr(emu).get("status", {}).get("observedGeneration") == 1
                             and cr(emu)["status"])
         assert status["endpoint"] == "http://chat-router.default.svc:8000/v1"
+        # What the operator did is told as Kubernetes Events on the LLMService.
+        events = eventually(lambda: [e for e in emu.objects("events", NS)
+                                     if e.get("involvedObject", {}).get("uid") == uid])
+        assert {"created Deployment/chat-decode", "created Service/chat-router"} <= {
+            e["message"] for e in events}
         ready = {c["type"]: c for c in cr(emu)["status"]["conditions"]}["Ready"]
         assert (ready["status"], ready["reason"]) == ("False", "PodsNotReady")
 
@@ -105,7 +110,21 @@ def test_lifecycle_create_update_status_delete(emu: KubeEmulator) -> None:
                    ["Ready"] == "True")
         assert cr(emu)["status"]["decode"] == {"desiredReplicas": 3, "readyReplicas": 3}
 
-        # Delete: every child goes with it (ownerReferences + garbage collection).
+        # Idle: with nothing changing, rechecks (every 0.5 s here) write nothing at all.
+        writes = emu.call(lambda: len(emu.handler.log))
+        time.sleep(2.5)
+        assert emu.call(lambda: len(emu.handler.log)) == writes
+
+
+
+def test_deleting_a_service_deletes_its_children(emu: KubeEmulator,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # With rechecks on, kopf holds a finalizer on the service and releases it on deletion.
+    monkeypatch.setenv("CLEAVE_RECHECK_SECONDS", "0.5")
+    objects = client.CustomObjectsApi(emu.api_client())
+    with run_operator(emu, module="cleave.operator.handlers"):
+        objects.create_namespaced_custom_object(*CR, service())
+        eventually(lambda: present(emu) == CHILDREN)
         objects.delete_namespaced_custom_object(*CR, "chat")
         eventually(lambda: not present(emu))
 

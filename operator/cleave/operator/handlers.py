@@ -39,15 +39,24 @@ def _run(body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter[Any]) -
     k = kube()
     outcome = reconcile(k, dict(body))
     for action, child in outcome.actions:
-        kopf.info(body, reason=action.capitalize(), message=f"{action} {child}")
+        kopf.event(body, type="Normal", reason=action.capitalize(),
+                   message=f"{action} {child}")
     if outcome.error:
-        kopf.warn(body, reason="SpecInvalid", message=outcome.error)
+        kopf.event(body, type="Warning", reason="SpecInvalid", message=outcome.error)
         logger.warning("spec cannot be honoured: %s", outcome.error)
     current = dict(body.get("status") or {})
     current.pop("kopf", None)
     if current != outcome.status:
         meta = body["metadata"]
         k.patch_status(meta["namespace"], meta["name"], outcome.status)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # kopf would turn its log lines into Events, one per handler run, timers included: an
+    # idle service would then cost a write per recheck. Events are posted explicitly instead,
+    # for what the operator does (created or patched a child, refused a spec).
+    settings.posting.loggers = False
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
@@ -58,8 +67,12 @@ def on_change(*, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter
     _run(body, logger)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RECHECK_SECONDS, initial_delay=RECHECK_SECONDS)
 def recheck(*, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter[Any],
             **_: Any) -> None:
     """Children change without the LLMService changing (pods become ready, get deleted)."""
     _run(body, logger)
+
+
+if RECHECK_SECONDS > 0:  # 0 turns rechecks off (then kopf needs no finalizer on services)
+    kopf.timer(GROUP, VERSION, PLURAL, interval=RECHECK_SECONDS,
+               initial_delay=RECHECK_SECONDS)(recheck)
