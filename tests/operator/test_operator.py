@@ -76,10 +76,12 @@ def test_lifecycle_create_update_status_delete(emu: KubeEmulator) -> None:
                             and cr(emu)["status"])
         assert status["endpoint"] == "http://chat-router.default.svc:8000/v1"
         # What the operator did is told as Kubernetes Events on the LLMService.
-        events = eventually(lambda: [e for e in emu.objects("events", NS)
-                                     if e.get("involvedObject", {}).get("uid") == uid])
-        assert {"created Deployment/chat-decode", "created Service/chat-router"} <= {
-            e["message"] for e in events}
+        def told() -> set[str]:
+            return {e["message"] for e in emu.objects("events", NS)
+                    if e.get("involvedObject", {}).get("uid") == uid}
+
+        eventually(lambda: {"created Deployment/chat-decode",
+                            "created Service/chat-router"} <= told())
         ready = {c["type"]: c for c in cr(emu)["status"]["conditions"]}["Ready"]
         assert (ready["status"], ready["reason"]) == ("False", "PodsNotReady")
 
