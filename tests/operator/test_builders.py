@@ -63,6 +63,11 @@ def test_roles_get_their_gpus_tolerations_and_replicas() -> None:
     [container] = pod["containers"]
     assert prefill["spec"]["replicas"] == 2
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    ints = copy.deepcopy(BASE)
+    ints["spec"]["prefill"]["resources"] = {"limits": {"nvidia.com/gpu": 1, "cpu": 2}}
+    quantities = build(ints)["Deployment/chat-prefill"]["spec"]["template"]["spec"][
+        "containers"][0]["resources"]
+    assert quantities == {"limits": {"nvidia.com/gpu": "1", "cpu": "2"}}  # ints from YAML
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["nodeSelector"] == {"gpu": "h200"}
     assert "--device" in container["args"] and "cuda" in container["args"]

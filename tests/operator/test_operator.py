@@ -191,3 +191,27 @@ def test_time_from_creation_to_all_children(emu: KubeEmulator) -> None:
     median = statistics.median(times)
     print(f"\ncreation to all children: median {median * 1e3:.0f} ms over 20 (emulator)")
     assert median < 5.0
+
+
+def test_kubectl_apply_of_every_example_reaches_the_operator(emu: KubeEmulator,
+                                                             tmp_path: Path) -> None:
+    import json
+    import shutil
+    import subprocess
+
+    kubectl_bin = shutil.which("kubectl") or str(ROOT / ".tools/bin/kubectl")
+
+    def kubectl(*args: str) -> str:
+        return subprocess.run([kubectl_bin, "--server", emu.url, "--cache-dir", str(tmp_path),
+                               *args], capture_output=True, text=True, check=True,
+                              timeout=60).stdout
+
+    with run_operator(emu, module="cleave.operator.handlers"):
+        for example in sorted((ROOT / "examples").glob("*.yaml")):
+            assert "created" in kubectl("apply", "--validate=false", "-f", str(example))
+        services = json.loads(kubectl("get", "llmservices", "-o", "json"))["items"]
+        assert len(services) == 3
+        for svc in services:
+            name = svc["metadata"]["name"]
+            eventually(lambda name=name: emu.get("deployments", NS, f"{name}-router"))
+            eventually(lambda name=name: cr(emu, name).get("status", {}).get("endpoint"))

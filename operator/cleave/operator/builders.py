@@ -104,6 +104,13 @@ def _mounts(spec: LLMServiceSpec) -> tuple[list[Manifest], list[Manifest]]:
     return mounts, volumes
 
 
+def _quantities(resources: Mapping[str, Any]) -> Manifest:
+    """Quantities as strings: YAML's ``nvidia.com/gpu: 1`` is an int, the API wants a
+    quantity (and the client refuses an int)."""
+    return {section: {name: str(value) for name, value in (values or {}).items()}
+            for section, values in resources.items()}
+
+
 def worker_deployment(spec: LLMServiceSpec, role_name: str, role: Role, owner: Manifest,
                       replicas: int | None) -> Manifest:
     args = ["worker", "--role", role_name, "--host", "0.0.0.0", "--port", str(WORKER_PORT),
@@ -123,7 +130,7 @@ def worker_deployment(spec: LLMServiceSpec, role_name: str, role: Role, owner: M
         "name": role_name, "image": spec.image, "command": ["cleave"], "args": args,
         "ports": [{"name": "http", "containerPort": WORKER_PORT}],
         "env": [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}, *_password_env(spec)],
-        "resources": dict(role.resources), "securityContext": dict(_SECURITY),
+        "resources": _quantities(role.resources), "securityContext": dict(_SECURITY),
         "volumeMounts": mounts, **_probes(WORKER_PORT)}
     component = role_name
     deployment: Manifest = {
