@@ -78,6 +78,33 @@ def run_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_router_policy_arguments(p: argparse.ArgumentParser) -> None:
+    """The router's serving policy; `cleave router` and `cleave up` take the same flags."""
+    g = p.add_argument_group("routing")
+    g.add_argument("--disaggregate-min-tokens", type=int, default=64,
+                   help="prompts (or their uncached part) shorter than this skip the separate "
+                        "prefill")
+    g.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"],
+                   default="recompute",
+                   help="when a prefilled prompt's KV is missing: recompute it, or fail (503)")
+    g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    g.add_argument("--max-concurrent-requests", type=int, default=256,
+                   help="beyond this, answer 429 with Retry-After")
+    g.add_argument("--api-key-file", default=None,
+                   help="require this Bearer key (or set CLEAVE_API_KEY)")
+
+
+def router_policy_flags(args: argparse.Namespace) -> list[str]:
+    """The parsed routing flags, as arguments for a `cleave router` process."""
+    flags = ["--disaggregate-min-tokens", str(args.disaggregate_min_tokens),
+             "--kv-load-failure-policy", args.kv_load_failure_policy,
+             "--request-timeout", str(args.request_timeout),
+             "--max-concurrent-requests", str(args.max_concurrent_requests)]
+    if args.api_key_file:
+        flags += ["--api-key-file", args.api_key_file]
+    return flags
+
+
 def add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("router", help="the OpenAI-compatible API in front of the workers",
                        description="Route OpenAI-compatible requests to prefill and decode "
@@ -92,14 +119,7 @@ def add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="a decode or both-role worker (repeatable; at least one)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--disaggregate-min-tokens", type=int, default=64,
-                   help="prompts shorter than this skip the separate prefill")
-    p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"],
-                   default="recompute")
-    p.add_argument("--request-timeout", type=float, default=300.0)
-    p.add_argument("--max-concurrent-requests", type=int, default=256)
-    p.add_argument("--api-key-file", default=None,
-                   help="require this Bearer key (or set CLEAVE_API_KEY)")
+    add_router_policy_arguments(p)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="the workers' context limit, if lower than the model's own")
     p.add_argument("--redis-url", default=None,

@@ -19,6 +19,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from cleave.runtime.serving.commands import add_router_policy_arguments, router_policy_flags
+
 
 def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                   add_engine_arguments: object) -> None:
@@ -31,14 +33,7 @@ def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p.add_argument("--port", type=int, default=8000, help="the router's port")
     p.add_argument("--redis-url", default=None,
                    help="use this Redis instead of starting a private redis-server")
-    p.add_argument("--disaggregate-min-tokens", type=int, default=64,
-                   help="prompts shorter than this skip the separate prefill")
-    p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"],
-                   default="recompute")
-    p.add_argument("--request-timeout", type=float, default=300.0)
-    p.add_argument("--max-concurrent-requests", type=int, default=256)
-    p.add_argument("--api-key-file", default=None,
-                   help="require this Bearer key (or set CLEAVE_API_KEY)")
+    add_router_policy_arguments(p)
     p.add_argument("--startup-timeout", type=float, default=600.0)
     add_engine_arguments(p)  # type: ignore[operator]
     p.set_defaults(func=run_up)
@@ -146,14 +141,8 @@ def run_up(args: argparse.Namespace) -> int:
             processes.append(_Process(f"{role}-{i}", proc, f"http://127.0.0.1:{port}"))
         _wait_ready(processes, args.startup_timeout)
         router_cmd = [*cli, "router", "--model", args.model, "--host", args.host,
-                      "--port", str(args.port),
-                      "--disaggregate-min-tokens", str(args.disaggregate_min_tokens),
-                      "--kv-load-failure-policy", args.kv_load_failure_policy,
-                      "--request-timeout", str(args.request_timeout),
-                      "--max-concurrent-requests", str(args.max_concurrent_requests),
-                      "--redis-url", redis_url]
-        if args.api_key_file:
-            router_cmd += ["--api-key-file", args.api_key_file]
+                      "--port", str(args.port), "--redis-url", redis_url,
+                      *router_policy_flags(args)]
         if args.max_model_len:
             router_cmd += ["--max-model-len", str(args.max_model_len)]
         for p in processes:
