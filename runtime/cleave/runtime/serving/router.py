@@ -99,6 +99,14 @@ class Router:
             await asyncio.sleep(1.0)
             await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
 
+    def _prefix_key(self, ids: list[int]) -> bytes:
+        """The prompt's first block hash: prompts sharing it share a prefill worker's cache."""
+        identity = self.decode.kv_identity or self.prefill.kv_identity
+        if identity is not None and len(ids) >= identity[1]:
+            root, block_size, _ = identity
+            return chain_hashes(bytes.fromhex(root), ids[:block_size], block_size)[0]
+        return str(ids[:16]).encode()
+
     async def _cached_tokens(self, ids: list[int]) -> int:
         """How many leading prompt tokens the store already holds (0 when it cannot say)."""
         identity = self.decode.kv_identity
@@ -237,7 +245,7 @@ class Router:
         first: int | None = None
         start = time.perf_counter()
         if path.disaggregate:
-            worker = choose_prefill(self.prefill.snapshot(), bytes(str(ids[:16]), "ascii"))
+            worker = choose_prefill(self.prefill.snapshot(), self._prefix_key(ids))
             if worker is None:
                 path = type(path)(False, "no_prefill_worker")
             else:
