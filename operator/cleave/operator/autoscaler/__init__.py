@@ -1,0 +1,1 @@
+"""Per-role SLO autoscaler: signals in, desired replicas out (policy is pure)."""

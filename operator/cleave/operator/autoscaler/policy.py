@@ -1,0 +1,294 @@
+"""Per-role SLO autoscaling policy: pure functions from scraped signals to desired replicas.
+
+No I/O and no clock: the caller passes ``now`` and the signals, and keeps the returned
+:class:`ScalingState` for the next call. Every :class:`Decision` carries its inputs and a reason so
+the operator can publish it in the LLMService status and a human can see why it scaled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from cleave.operator.spec import LLMServiceSpec, Role
+
+PREFILL, DECODE = "prefill", "decode"
+_LATENCY_NAME = {PREFILL: "ttft", DECODE: "tpot"}
+_EPS = 1e-9  # ceil(2 * 1.5) must be 3, not 4 after float noise
+_HUGE = 1e6  # any count past every max: keeps ceil() finite when a throughput is near zero
+
+
+def _ceil(x: float) -> int:
+    return math.ceil(min(x, _HUGE) - _EPS)
+
+
+def prefill_tokens_per_second(n_params: float, achieved_flops: float) -> float:
+    """Prompt tok/s of one prefill replica, from t = 2 * N * n_input / FLOPs (DESIGN.md)."""
+    return achieved_flops / (2.0 * n_params)
+
+
+def decode_tokens_per_second(weight_bytes: float, kv_bytes_per_seq: float, batch: int,
+                             bandwidth: float) -> float:
+    """Output tok/s of one decode replica: a step reads the weights once plus every sequence's
+    KV and yields one token per sequence (DESIGN.md), so batching amortises the weight read."""
+    return batch * bandwidth / (weight_bytes + batch * kv_bytes_per_seq)
+
+
+@dataclass(frozen=True)
+class RoleSignals:
+    """What the collector saw for one role. A metric of None is missing or stale, never zero."""
+
+    latency_p90: float | None = None  # TTFT for prefill, TPOT for decode, seconds
+    kv_usage: float | None = None  # decode: fraction of KV blocks in use
+    queue_depth: float | None = None  # waiting requests; the router's count when at zero
+    token_rate: float | None = None  # demand: prompt tok/s (prefill), output tok/s (decode)
+    throughput_per_replica: float | None = None  # measured saturated tok/s of one replica
+    ready: int = 0
+    starting: int = 0  # scheduled, not ready: capacity already on its way
+    pending: int = 0  # unschedulable: asked for, but no capacity at all
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    min_replicas: int = 1
+    max_replicas: int = 1
+    latency_target: float | None = None
+    kv_watermark: float | None = None
+    gpus_per_replica: int = 0
+    hysteresis: float = 0.1  # relative band around each target where nothing moves
+    up_window_s: float = 0.0  # up fast: latency SLOs are breached now
+    down_window_s: float = 300.0  # down slow: a replica removed too early costs a cold start
+    max_step_up: int = 4
+    max_step_down: int = 1
+    target_utilization: float = 0.8  # capacity model headroom below saturation
+    prior_throughput: float | None = None  # DESIGN.md arithmetic, used until one is measured
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    roles: Mapping[str, RolePolicy]
+    gpu_budget: int | None = None
+    ratio_bounds: tuple[float, float] | None = None  # allowed prefill/decode replica ratio
+    scale_to_zero: bool = False
+    mode: str = "Cleave"
+
+    def __post_init__(self) -> None:
+        # Checked once here so decide() can trust its config and never has to pick a rule to break.
+        for name, p in self.roles.items():
+            if not 0 <= p.min_replicas <= p.max_replicas:
+                raise ValueError(f"{name}: need 0 <= min_replicas <= max_replicas")
+            if p.max_step_up < 1 or p.max_step_down < 1:
+                raise ValueError(f"{name}: max steps must be >= 1")
+        floor = sum(p.min_replicas * p.gpus_per_replica for p in self.roles.values())
+        if self.gpu_budget is not None and floor > self.gpu_budget:
+            raise ValueError(f"minReplicas need {floor} GPUs, over the budget {self.gpu_budget}")
+        if self.ratio_bounds is not None and not 0 < self.ratio_bounds[0] <= self.ratio_bounds[1]:
+            raise ValueError("ratio_bounds must satisfy 0 < low <= high")
+
+
+@dataclass(frozen=True)
+class ScalingState:
+    """Recent raw recommendations per role, (time, replicas), for the stabilization windows."""
+
+    history: Mapping[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    role: str
+    current: int
+    desired: int
+    reason: str
+    inputs: Mapping[str, str]
+
+
+def _role_policy(role: Role, prefill: bool) -> RolePolicy:
+    a = role.autoscaling
+    if a is None:  # no autoscaling block: the user fixed the count
+        return RolePolicy(role.replicas, role.replicas, gpus_per_replica=role.gpus_per_replica)
+    if prefill:
+        return RolePolicy(a.min_replicas, a.max_replicas, a.ttft_seconds, None,
+                          role.gpus_per_replica)
+    return RolePolicy(a.min_replicas, a.max_replicas, a.tpot_seconds, a.kv_cache_usage,
+                      role.gpus_per_replica)
+
+
+def config_from_spec(spec: LLMServiceSpec,
+                     ratio_bounds: tuple[float, float] | None = None) -> PolicyConfig:
+    roles = {DECODE: _role_policy(spec.decode, prefill=False)}
+    if spec.prefill is not None:
+        roles[PREFILL] = _role_policy(spec.prefill, prefill=True)
+    return PolicyConfig(roles, spec.gpu_budget, ratio_bounds, spec.scale_to_zero,
+                        spec.autoscaling_mode)
+
+
+def _ratio_need(ready: int, ratio: float, capacity: int, band: float) -> int:
+    """Replicas that bring observed/target to 1 if load spreads evenly over ready replicas.
+    Over target never asks for fewer than the capacity (ready + starting: the starting ones get
+    credit), under target never for more; inside the band nothing moves, so noise cannot flap."""
+    if ratio > 1.0 + band:
+        return max(capacity, _ceil(ready * ratio))
+    if ratio < 1.0 - band:
+        return min(capacity, _ceil(ready * ratio))
+    return capacity
+
+
+def _need(role: str, s: RoleSignals, p: RolePolicy,
+          notes: dict[str, str]) -> tuple[int | None, str]:
+    """Raw replicas the signals ask for (before windows and limits); None means hold."""
+    capacity = s.ready + s.starting
+    if s.queue_depth == 0 and s.token_rate == 0:
+        return 0, "idle: no queue and no tokens"  # an idle role has no latency samples either
+    tput = s.throughput_per_replica or p.prior_throughput
+    cap_need = None
+    if s.token_rate is not None and tput:
+        cap_need = _ceil(s.token_rate / (tput * p.target_utilization))
+    if capacity == 0:
+        # At zero no replica reports latency: only demand seen upstream can wake the role.
+        if (s.queue_depth or 0) > 0 or (s.token_rate or 0) > 0:
+            return max(1, cap_need or 0), "demand while at zero"
+        return None, "at zero and demand unknown"
+    name = _LATENCY_NAME.get(role, "latency")
+    needs: dict[str, int] = {}
+    if p.latency_target is not None:
+        if s.latency_p90 is None:
+            return None, f"{name} missing or stale"
+        if s.ready == 0:
+            return None, "no ready replica to measure"
+        needs[name] = _ratio_need(s.ready, s.latency_p90 / p.latency_target, capacity,
+                                  p.hysteresis)
+    if p.kv_watermark is not None:
+        if s.kv_usage is None:
+            return None, "kv usage missing or stale"
+        needs["kv"] = _ratio_need(s.ready, s.kv_usage / p.kv_watermark, capacity, p.hysteresis)
+    if s.token_rate is not None and tput:
+        util = s.token_rate / (tput * p.target_utilization * capacity)
+        needs["capacity"] = _ratio_need(capacity, util, capacity, p.hysteresis)
+    if not needs:
+        return None, "no target and no capacity signal"
+    notes.update({f"need_{k}": str(v) for k, v in needs.items()})
+    # Scale to the most demanding signal: down only when every signal agrees.
+    top = max(needs, key=lambda k: needs[k])
+    return needs[top], f"{top} asks for {needs[top]}"
+
+
+def _stabilize(now: float, need: int, s: RoleSignals, p: RolePolicy,
+               hist: list[tuple[float, int]]) -> tuple[int, str]:
+    capacity, current = s.ready + s.starting, s.ready + s.starting + s.pending
+    if need > current:
+        # Up only as far as the whole up window agrees, and at most max_step_up at once.
+        ups = [r for t, r in hist if now - t <= p.up_window_s]
+        stab = max(current, min(ups))
+        desired = min(stab, current + p.max_step_up)
+        return desired, f"up to {desired} (window {stab}, step {p.max_step_up})"
+    if need >= capacity:
+        # Only drops pending pods: they serve nothing, so no window is needed, and a scale-up
+        # that cannot be scheduled never blocks a scale-down.
+        return need, "hold" if need == current else f"drop {current - need} pending"
+    downs = [r for t, r in hist if now - t <= p.down_window_s]
+    stab = min(capacity, max(downs))
+    desired = max(stab, capacity - p.max_step_down)
+    return desired, f"down to {desired} (window {stab}, step {p.max_step_down})"
+
+
+def _clean(s: RoleSignals) -> RoleSignals:
+    """A NaN, infinite or negative metric is a broken scrape: treat it as missing, not as data."""
+    def ok(v: float | None) -> float | None:
+        return v if v is not None and math.isfinite(v) and v >= 0 else None
+    return replace(s, latency_p90=ok(s.latency_p90), kv_usage=ok(s.kv_usage),
+                   queue_depth=ok(s.queue_depth), token_rate=ok(s.token_rate),
+                   throughput_per_replica=ok(s.throughput_per_replica))
+
+
+def _fmt(v: float | None) -> str:
+    return "none" if v is None else f"{v:g}"
+
+
+def _inputs(s: RoleSignals, p: RolePolicy) -> dict[str, str]:
+    return {"latency_p90": _fmt(s.latency_p90), "latency_target": _fmt(p.latency_target),
+            "kv_usage": _fmt(s.kv_usage), "kv_watermark": _fmt(p.kv_watermark),
+            "queue_depth": _fmt(s.queue_depth), "token_rate": _fmt(s.token_rate),
+            "throughput_per_replica": _fmt(s.throughput_per_replica), "ready": str(s.ready),
+            "starting": str(s.starting), "pending": str(s.pending),
+            "min": str(p.min_replicas), "max": str(p.max_replicas)}
+
+
+def _fit_budget(want: dict[str, int], cfg: PolicyConfig) -> dict[str, int]:
+    """Water-fill the GPU budget from every role's minimum: each GPU goes to the role furthest
+    (relatively) from what it wants, so a shortage is shared instead of starving one role."""
+    roles = cfg.roles
+    got = {r: min(want[r], roles[r].min_replicas) for r in want}
+    left = (cfg.gpu_budget or 0) - sum(got[r] * roles[r].gpus_per_replica for r in got)
+    while True:
+        fits = [r for r in sorted(got) if got[r] < want[r] and roles[r].gpus_per_replica <= left]
+        if not fits:
+            return got
+        r = max(fits, key=lambda k: (want[k] - got[k]) / want[k])
+        got[r] += 1
+        left -= roles[r].gpus_per_replica
+
+
+def decide(now: float, signals: Mapping[str, RoleSignals], cfg: PolicyConfig,
+           state: ScalingState) -> tuple[tuple[Decision, ...], ScalingState]:
+    """One autoscaling interval. ``signals`` must hold every role in ``cfg.roles``: replica counts
+    come from Kubernetes and are always known, only the metrics may be None."""
+    roles = sorted(cfg.roles)
+    signals = {r: _clean(signals[r]) for r in roles}
+    current = {r: signals[r].ready + signals[r].starting + signals[r].pending for r in roles}
+    notes = {r: _inputs(signals[r], cfg.roles[r]) for r in roles}
+    if cfg.mode != "Cleave":  # never fight an external autoscaler or a user over replicas
+        off = f"autoscaling mode {cfg.mode}: replicas left alone"
+        return tuple(Decision(r, current[r], current[r], off, notes[r]) for r in roles), state
+    horizon = max((max(p.up_window_s, p.down_window_s) for p in cfg.roles.values()), default=0.0)
+    want: dict[str, int] = {}
+    why: dict[str, list[str]] = {}
+    history: dict[str, tuple[tuple[float, int], ...]] = {}
+    for r in roles:
+        s, p = signals[r], cfg.roles[r]
+        kept = [(t, n) for t, n in state.history.get(r, ()) if now - t <= horizon]
+        need, because = _need(r, s, p, notes[r])
+        if need is None:
+            want[r], why[r] = current[r], [f"hold: {because}"]
+        else:
+            kept.append((now, need))
+            want[r], step = _stabilize(now, need, s, p, kept)
+            why[r] = [because, step]
+        history[r] = tuple(kept)
+    if any(want[r] > 0 for r in roles):
+        # Zero is all or nothing: a request needs every role, so once one role runs (or wakes
+        # on demand) the others come up with it; without scale_to_zero nothing reaches zero.
+        for r in roles:
+            if want[r] == 0 and cfg.roles[r].max_replicas > 0:
+                want[r] = 1
+                why[r].append("kept at 1: another role is serving")
+    if not cfg.scale_to_zero:
+        for r in roles:
+            if want[r] == 0 and cfg.roles[r].max_replicas > 0:
+                want[r] = 1
+                why[r].append("scale to zero disabled")
+    for r in roles:
+        p = cfg.roles[r]
+        bounded = min(max(want[r], p.min_replicas), p.max_replicas)
+        if bounded != want[r]:
+            why[r].append(f"bounded to [{p.min_replicas}, {p.max_replicas}]")
+        want[r] = bounded
+    if cfg.ratio_bounds is not None and want.get(PREFILL, 0) > 0 and want.get(DECODE, 0) > 0:
+        # The guard only trims (never below min), so it cannot break max or the budget; it stops
+        # one role's noisy signal from growing it far out of proportion to the other.
+        lo, hi = cfg.ratio_bounds
+        for r, cap in ((PREFILL, max(1, math.floor(hi * want[DECODE] + _EPS))),
+                       (DECODE, max(1, math.floor(want[PREFILL] / lo + _EPS)))):
+            trimmed = max(cfg.roles[r].min_replicas, min(want[r], cap))
+            if trimmed != want[r]:
+                want[r] = trimmed
+                why[r].append(f"ratio guard {lo:g}..{hi:g} trims to {trimmed}")
+    if cfg.gpu_budget is not None:
+        fitted = _fit_budget(want, cfg)
+        for r in roles:
+            if fitted[r] != want[r]:
+                why[r].append(f"gpu budget {cfg.gpu_budget} trims to {fitted[r]}")
+        want = fitted
+    decisions = tuple(Decision(r, current[r], want[r], "; ".join(why[r]), notes[r])
+                      for r in roles)
+    return decisions, ScalingState(history)
