@@ -278,3 +278,12 @@ async def test_kill_mid_operation_ends_in_unavailable_or_a_result(
             for stored, h in zip(result, hashes, strict=True):
                 assert stored is None or stored.block_hash == h
     await expect_unavailable(lambda: store.get_many(hashes[:1]), timeout + SLACK)
+
+
+def test_fast_path_takes_credentials_from_the_url_query_too() -> None:
+    from cleave.kv_store.resp import Endpoint
+
+    ep = Endpoint.from_url("redis://cache:6380/2?password=s%40cret&username=svc")
+    assert (ep.host, ep.port, ep.db, ep.username, ep.password) == ("cache", 6380, 2, "svc",
+                                                                   "s@cret")
+    assert Endpoint.from_url("redis://:pw@h/0", password="override").password == "override"

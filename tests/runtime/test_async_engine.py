@@ -63,3 +63,25 @@ async def test_bad_request_raises_before_streaming(tiny_engine_factory) -> None:
         assert outs[-1].finished and outs[-1].num_output_tokens == 2
     finally:
         engine.shutdown()
+
+
+async def test_a_dying_engine_fails_every_request_and_refuses_new_ones(tiny_engine_factory,
+                                                                      monkeypatch) -> None:
+    from cleave.runtime.engine.async_engine import EngineDeadError
+
+    core = tiny_engine_factory()
+
+    def broken_step() -> list[object]:
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(core, "step", broken_step)
+    engine = AsyncEngine(core)
+    try:
+        with pytest.raises(EngineDeadError, match="kernel exploded"):
+            async for _ in engine.generate([3, 4, 5], SamplingParams(max_tokens=3)):
+                pass
+        assert engine.dead is not None
+        with pytest.raises(EngineDeadError):  # fails at once instead of waiting forever
+            await asyncio.wait_for(anext(engine.generate([3], SamplingParams())), timeout=5)
+    finally:
+        engine.shutdown()

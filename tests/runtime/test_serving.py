@@ -338,3 +338,19 @@ def test_a_mostly_cached_prompt_skips_the_separate_prefill(stack: Stack) -> None
     assert _metric(stack.router.url, name) == before
     client.completions.create(model="tiny", prompt=fresh + " more", max_tokens=2)
     assert _metric(stack.router.url, name) == before + 1
+
+
+@pytest.mark.parametrize("sampling", [{"top_k": 2.5}, {"max_tokens": True}, {"seed": "x"},
+                                      {"stop": [1]}, {"temperature": "hot"}])
+def test_worker_refuses_mistyped_sampling_and_stays_alive(stack: Stack,
+                                                          sampling: dict[str, object]) -> None:
+    decode = next(w for w in stack.workers if w.name.startswith("decode"))
+    code, reply = post_raw(decode.url + "/internal/generate", json.dumps(
+        {"prompt_token_ids": [5, 6, 7], "sampling": sampling}).encode())
+    assert code == 400 and reply["error"]
+    code, _ = post_raw(decode.url + "/internal/generate", json.dumps(
+        {"prompt_token_ids": [5, 6, 7], "sampling": {}, "first_token": 10**9}).encode())
+    assert code == 400  # a first token outside the vocabulary
+    import urllib.request
+
+    assert urllib.request.urlopen(decode.url + "/health").status == 200  # engine still alive

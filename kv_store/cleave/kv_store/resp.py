@@ -44,13 +44,14 @@ class Endpoint:
             raise ValueError(f"the fast path takes redis:// or unix:// URLs, not {u.scheme}://")
         query = dict(p.split("=", 1) for p in u.query.split("&") if "=" in p)
         db = int(query.get("db", (u.path.strip("/") or "0") if u.scheme == "redis" else 0))
+        url_user = unquote(u.username) if u.username else query.get("username")
+        url_password = unquote(u.password) if u.password else query.get("password")
         return cls(
             unix_path=u.path if u.scheme == "unix" else None,
             host=u.hostname or "127.0.0.1", port=u.port or 6379, db=db,
-            username=username if username is not None else (
-                unquote(u.username) if u.username else None),
+            username=username if username is not None else url_user,
             password=password if password is not None else (
-                unquote(u.password) if u.password else None))
+                unquote(url_password) if url_password else None))
 
 
 def _command(*parts: bytes) -> bytes:
@@ -88,9 +89,13 @@ class RespConnection:
         if endpoint.db:
             setup.append(_command(b"SELECT", str(endpoint.db).encode()))
         if setup:
-            self._send([b"".join(setup)])
-            for _ in setup:
-                self._reply()
+            try:
+                self._send([b"".join(setup)])
+                for _ in setup:
+                    self._reply()
+            except BaseException:
+                sock.close()  # a refused AUTH must not leave the socket open
+                raise
 
     def close(self) -> None:
         self.sock.close()

@@ -65,6 +65,10 @@ class AsyncEngine:
         seq = self.engine.make_sequence(rid, prompt, params, prefill_only=prefill_only, kv=kv)
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._lock:
+            # Checked under the lock the dying loop also takes: a request can never slip in
+            # after the loop told every waiter it died, and then wait forever.
+            if self._dead is not None:
+                raise EngineDeadError(f"engine loop stopped: {self._dead!r}")
             if rid in self._streams:
                 raise ValueError(f"request id '{rid}' is already in flight")
             self._streams[rid] = (asyncio.get_running_loop(), stream)
@@ -126,9 +130,19 @@ class AsyncEngine:
             while self._drain(block=not self.engine.has_unfinished):
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
+            self._stop(EngineDeadError("the engine was shut down"))
         except BaseException as e:  # every waiter must learn that the loop died
-            self._dead = e
-            with self._lock:
-                pending = list(self._streams)
-            for rid in pending:
-                self._deliver(rid, EngineDeadError(f"engine loop stopped: {e!r}"))
+            self._stop(e)
+
+    def _stop(self, reason: BaseException) -> None:
+        with self._lock:
+            self._dead = reason
+            pending = list(self._streams.items())
+        for _, (loop, stream) in pending:
+            loop.call_soon_threadsafe(stream.put_nowait,
+                                      EngineDeadError(f"engine loop stopped: {reason!r}"))
+
+    @property
+    def dead(self) -> BaseException | None:
+        """Why the step loop stopped, or None while it runs."""
+        return self._dead

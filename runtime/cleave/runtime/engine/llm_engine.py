@@ -142,6 +142,8 @@ class LLMEngine:
                        prefill_only=prefill_only, sampling_seed=seed)
         if kv is not None:
             if kv.first_token is not None:
+                if not 0 <= kv.first_token < self.shape.vocab_size:
+                    raise RequestError(f"first_token must be in [0, {self.shape.vocab_size})")
                 seq.token_ids.append(kv.first_token)
                 if kv.first_logprob is not None:
                     seq.logprobs.append(kv.first_logprob)

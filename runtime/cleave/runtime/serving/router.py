@@ -97,7 +97,10 @@ class Router:
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
+            try:
+                await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
+            except Exception:  # one odd reply must not stop health tracking for good
+                log.exception("refreshing worker state failed; retrying")
 
     def _prefix_key(self, ids: list[int]) -> bytes:
         """The prompt's first block hash: prompts sharing it share a prefill worker's cache."""

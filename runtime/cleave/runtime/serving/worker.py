@@ -37,9 +37,31 @@ log = logging.getLogger("cleave.worker")
 ROLES = ("prefill", "decode", "both")
 
 
+_INT_FIELDS = ("max_tokens", "top_k")
+_OPTIONAL_INT_FIELDS = ("seed", "logprobs")
+_FLOAT_FIELDS = ("temperature", "top_p")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def sampling_from_json(data: Any) -> SamplingParams:
+    """Strictly typed: a wrong type must fail here, not on the engine thread later."""
     if not isinstance(data, dict):
         raise RequestError("sampling must be an object")
+    for k in _INT_FIELDS:
+        if k in data and not _is_int(data[k]):
+            raise RequestError(f"sampling.{k} must be an integer")
+    for k in _OPTIONAL_INT_FIELDS:
+        if data.get(k) is not None and not _is_int(data[k]):
+            raise RequestError(f"sampling.{k} must be an integer or null")
+    for k in _FLOAT_FIELDS:
+        if k in data and (isinstance(data[k], bool) or not isinstance(data[k], int | float)):
+            raise RequestError(f"sampling.{k} must be a number")
+    if not all(isinstance(s, str) for s in data.get("stop", [])) or \
+            not all(_is_int(t) for t in data.get("stop_token_ids", [])):
+        raise RequestError("sampling.stop must be strings and stop_token_ids integers")
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                               for k, v in data.items()}
     try:
@@ -80,9 +102,14 @@ class Worker:
 
     # -- probes --------------------------------------------------------------------------
     async def health(self, _: web.Request) -> web.Response:
+        if self.engine.dead is not None:  # let Kubernetes restart us
+            return web.json_response({"status": f"engine stopped: {self.engine.dead!r}"},
+                                     status=503)
         return web.json_response({"status": "ok"})
 
     async def ready(self, _: web.Request) -> web.Response:
+        if self.engine.dead is not None:
+            return web.json_response({"status": "engine stopped"}, status=503)
         if self.draining:
             return web.json_response({"status": "draining"}, status=503)
         store = "none"
@@ -102,7 +129,8 @@ class Worker:
         return web.json_response({
             "role": self.role, "running": len(core.scheduler.running),
             "waiting": len(core.scheduler.waiting), "inflight": self.inflight,
-            "kv_usage": core.kv_usage_ratio(), "draining": self.draining,
+            "kv_usage": core.kv_usage_ratio(),
+            "draining": self.draining or self.engine.dead is not None,
             "max_model_len": core.max_model_len,
             # What a router needs to ask the store how much of a prompt is cached.
             "kv_root_hash": core.root_hash.hex(), "block_size": core.config.block_size,
