@@ -41,12 +41,3 @@ def tiny_hf_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
-
-
-def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:  # type: ignore[no-untyped-def]
-    """The reference: transformers' own generate, greedy, never stopping early."""
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                             dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=-1, pad_token_id=0)
-    return list(out[0, len(prompt):].tolist())

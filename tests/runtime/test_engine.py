@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from conftest import hf_greedy
+from hf_reference import hf_greedy
 
 from cleave.runtime.engine.sequence import FinishReason, SamplingParams
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import hf_greedy
+from hf_reference import hf_greedy
 
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
