@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
+from typing import TypeVar
 
 import torch
 
 from cleave.kv_store.block_hash import chain_hashes
 from cleave.kv_store.codec import BlockHeader, encode_into
 from cleave.kv_store.store import BlockStore, EncodedBlock, StoredBlock, StoreUnavailable
-from cleave.runtime.engine.async_engine import AsyncEngine
+from cleave.runtime.engine.async_engine import AsyncEngine, last_output
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
 from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.metrics import (
@@ -31,6 +32,7 @@ from cleave.runtime.metrics import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class KVBlocksMissing(RuntimeError):
@@ -48,6 +50,20 @@ class KVStoreConnector:
         self.block_shape = core.block_shape
         self.dtype = core.dtype
         self.dtype_name = str(core.dtype).removeprefix("torch.")
+
+    async def _transfer(self, direction: str, call: Awaitable[T],
+                        nbytes: Callable[[T], int]) -> T | None:
+        """Run one store call, measured; None when the store is unavailable (a miss)."""
+        start = time.perf_counter()
+        try:
+            result = await call
+        except StoreUnavailable as e:
+            KV_TRANSFER_FAILURES.labels(self.role, direction).inc()
+            log.warning("KV %s skipped, the store is unavailable: %s", direction, e)
+            return None
+        KV_TRANSFER_SECONDS.labels(self.role, direction).observe(time.perf_counter() - start)
+        KV_TRANSFER_BYTES.labels(self.role, direction).inc(nbytes(result))
+        return result
 
     # -- write path ----------------------------------------------------------------------
     def encode(self, handoff: KVHandoff, skip: int = 0) -> list[EncodedBlock]:
@@ -68,16 +84,9 @@ class KVStoreConnector:
         blocks = self.encode(handoff, skip)
         if not blocks:
             return 0
-        start = time.perf_counter()
-        try:
-            written = await self.store.put_many(blocks)
-        except StoreUnavailable as e:
-            KV_TRANSFER_FAILURES.labels(self.role, "save").inc()
-            log.warning("KV blocks not saved, the store is unavailable: %s", e)
-            return 0
-        KV_TRANSFER_SECONDS.labels(self.role, "save").observe(time.perf_counter() - start)
-        KV_TRANSFER_BYTES.labels(self.role, "save").inc(sum(b.nbytes for b in blocks))
-        return written
+        written = await self._transfer("save", self.store.put_many(blocks),
+                                       lambda _: sum(b.nbytes for b in blocks))
+        return written or 0
 
     # -- read path -----------------------------------------------------------------------
     def _tensor(self, block: StoredBlock) -> torch.Tensor | None:
@@ -99,15 +108,10 @@ class KVStoreConnector:
         hashes = chain_hashes(self.root_hash, prompt[:len(prompt) - 1], self.block_size)
         if not hashes:
             return None
-        start = time.perf_counter()
-        try:
-            stored = await self.store.fetch_prefix(hashes)
-        except StoreUnavailable as e:
-            KV_TRANSFER_FAILURES.labels(self.role, "load").inc()
-            log.warning("KV prefix lookup skipped, the store is unavailable: %s", e)
+        stored = await self._transfer("load", self.store.fetch_prefix(hashes),
+                                      lambda found: sum(b.payload.nbytes for b in found))
+        if stored is None:
             return None
-        KV_TRANSFER_SECONDS.labels(self.role, "load").observe(time.perf_counter() - start)
-        KV_TRANSFER_BYTES.labels(self.role, "load").inc(sum(b.payload.nbytes for b in stored))
         tensors: list[torch.Tensor] = []
         for block in stored:
             t = self._tensor(block)
@@ -129,11 +133,9 @@ class KVStoreConnector:
         cached = await self.load_prefix(prompt)
         if cached:
             KV_LOADED_BLOCKS.labels("prefix").inc(len(cached.blocks))
-        final: RequestOutput | None = None
-        async for out in self.engine.generate(prompt, params, request_id=request_id,
-                                              prefill_only=True, kv=cached):
-            final = out
-        assert final is not None and final.handoff is not None
+        final = await last_output(self.engine.generate(prompt, params, request_id=request_id,
+                                                       prefill_only=True, kv=cached))
+        assert final.handoff is not None
         skip = len(cached.block_hashes) if cached else 0
         await self.save(final.handoff, skip=skip)
         return final

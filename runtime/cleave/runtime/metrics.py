@@ -7,7 +7,8 @@ the process that records it (prefill, decode, both, router).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from aiohttp import web
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0)
@@ -44,3 +45,9 @@ KV_LOADED_BLOCKS = Counter("cleave_kv_loaded_blocks",
                            "KV blocks loaded from the store instead of computed", ["purpose"])
 ROUTING_DECISIONS = Counter("cleave_routing_decisions",
                             "Router choices by path and reason", ["path", "reason"])
+
+
+async def metrics_endpoint(_: web.Request) -> web.Response:
+    """``GET /metrics`` for every process of the data plane (router and workers)."""
+    return web.Response(body=generate_latest(REGISTRY),
+                        headers={"Content-Type": "text/plain; version=0.0.4"})

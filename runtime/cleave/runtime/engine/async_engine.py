@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import queue
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from cleave.runtime.engine.llm_engine import LLMEngine
@@ -146,3 +146,13 @@ class AsyncEngine:
     def dead(self) -> BaseException | None:
         """Why the step loop stopped, or None while it runs."""
         return self._dead
+
+
+async def last_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """Run a request to its end; its final output (prefill-only requests have just one)."""
+    last: RequestOutput | None = None
+    async for out in stream:
+        last = out
+    if last is None:
+        raise RuntimeError("the request produced no output")
+    return last

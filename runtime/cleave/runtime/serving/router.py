@@ -21,7 +21,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import REGISTRY, generate_latest
 
 from cleave.kv_store.block_hash import chain_hashes
 from cleave.kv_store.keys import KeySpace
@@ -32,10 +31,16 @@ from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving import responses
 from cleave.runtime.serving.openapi import openapi_document
-from cleave.runtime.serving.routing import choose_decode, choose_path, choose_prefill
+from cleave.runtime.serving.routing import (
+    PathChoice,
+    choose_decode,
+    choose_path,
+    choose_prefill,
+)
 from cleave.runtime.serving.upstream import WorkerPool, WorkerRejected, WorkerUnavailable
 
 log = logging.getLogger("cleave.router")
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class Router:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
-        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/metrics", metrics.metrics_endpoint)
         app.router.add_get("/openapi.json", self.openapi)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
@@ -137,7 +142,7 @@ class Router:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        request["rid"] = rid
+        request[REQUEST_ID] = rid
         try:
             if request.path.startswith("/v1/"):
                 self._authorize(request)
@@ -176,10 +181,6 @@ class Router:
         if await self.decode.any_ready():
             return web.json_response({"status": "ready"})
         return web.json_response({"status": "no decode worker ready"}, status=503)
-
-    async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY),
-                            headers={"Content-Type": "text/plain; version=0.0.4"})
 
     async def openapi(self, _: web.Request) -> web.Response:
         return web.json_response(openapi_document([self.config.model]))
@@ -220,7 +221,7 @@ class Router:
                                "rate_limit_exceeded")
         self.active += 1
         try:
-            rid = str(request["rid"])
+            rid = str(request[REQUEST_ID])
             # Client-chosen ids may repeat; the workers get one that cannot collide.
             events = self._generate(f"{rid}-{uuid.uuid4().hex[:8]}", ids, params)
             want_lps = params.logprobs is not None
@@ -244,13 +245,13 @@ class Router:
         cached = await self._cached_tokens(ids) if len(ids) >= cfg.disaggregate_min_tokens else 0
         path = choose_path(len(ids), cached, bool(self.prefill), cfg.disaggregate_min_tokens)
         if params.logprobs is not None:
-            path = type(path)(False, "logprobs")  # served whole: one place computes them all
+            path = PathChoice(False, "logprobs")  # served whole: one place computes them all
         first: int | None = None
         start = time.perf_counter()
         if path.disaggregate:
             worker = choose_prefill(self.prefill.snapshot(), self._prefix_key(ids))
             if worker is None:
-                path = type(path)(False, "no_prefill_worker")
+                path = PathChoice(False, "no_prefill_worker")
             else:
                 try:
                     res = await self.prefill.prefill(
@@ -258,7 +259,7 @@ class Router:
                                      "sampling": sampling}, cfg.request_timeout_seconds)
                 except WorkerUnavailable as e:
                     log.warning("request %s: %s; serving it decode-only", rid, e)
-                    path = type(path)(False, "prefill_failed")
+                    path = PathChoice(False, "prefill_failed")
                 except WorkerRejected as e:
                     raise api.APIError(400, str(e)) from None
                 else:

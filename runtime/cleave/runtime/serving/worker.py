@@ -21,14 +21,13 @@ import json
 import logging
 import signal
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, generate_latest
 
 from cleave.runtime import metrics
-from cleave.runtime.engine.async_engine import AsyncEngine
+from cleave.runtime.engine.async_engine import AsyncEngine, last_output
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
 from cleave.runtime.engine.sequence import RequestError, SamplingParams
 from cleave.runtime.kv_connector import KVBlocksMissing, KVStoreConnector
@@ -94,7 +93,7 @@ class Worker:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
-        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/metrics", metrics.metrics_endpoint)
         app.router.add_get("/internal/stats", self.stats)
         app.router.add_post("/internal/prefill", self.prefill)
         app.router.add_post("/internal/generate", self.generate)
@@ -119,10 +118,6 @@ class Worker:
             # The store is a cache: without it requests recompute, so the worker stays ready.
             store = "ok" if ok else "unavailable (recomputing)"
         return web.json_response({"status": "ready", "role": self.role, "store": store})
-
-    async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY),
-                            headers={"Content-Type": "text/plain; version=0.0.4"})
 
     async def stats(self, _: web.Request) -> web.Response:
         core = self.engine.engine
@@ -166,7 +161,7 @@ class Worker:
             if self.connector is not None:
                 out = await self.connector.prefill(ids, params, request_id=rid)
             else:
-                out = await _last(self.engine.generate(ids, params, request_id=rid,
+                out = await last_output(self.engine.generate(ids, params, request_id=rid,
                                                        prefill_only=True))
         except RequestError as e:
             return _error(400, str(e))
@@ -253,14 +248,6 @@ class Worker:
             await asyncio.sleep(0.05)
         if self.inflight:
             log.warning("grace period over with %d requests in flight", self.inflight)
-
-
-async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
-    last: RequestOutput | None = None
-    async for out in stream:
-        last = out
-    assert last is not None
-    return last
 
 
 def _line(out: RequestOutput) -> bytes:

@@ -1,0 +1,98 @@
+"""Router failure paths against a stub decode worker that breaks on cue (narrow, in-process)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from transformers import AutoTokenizer
+
+from cleave.runtime.serving.router import Router, RouterConfig
+
+
+def _line(text: str, finished: bool = False) -> bytes:
+    return json.dumps({"token_ids": [5], "text": text, "finished": finished,
+                       "finish_reason": "length" if finished else None, "prompt_tokens": 3,
+                       "completion_tokens": 1, "cached_tokens": 0}).encode() + b"\n"
+
+
+def stub_worker(behaviour: str) -> web.Application:
+    """``midstream``: one token, then the connection drops; ``refuse``: 503 at once."""
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response({"kv_usage": 0.0, "waiting": 0, "draining": False})
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        if behaviour == "refuse":
+            return web.json_response({"error": {"message": "busy"}}, status=503)
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(_line("Hello"))
+        assert request.transport is not None
+        request.transport.close()  # the worker dies mid-response
+        return response
+
+    app = web.Application()
+    app.router.add_get("/internal/stats", stats)
+    app.router.add_post("/internal/generate", generate)
+    return app
+
+
+@pytest.fixture
+async def router_for(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    servers: list[TestServer] = []
+    clients: list[TestClient[web.Request, web.Application]] = []
+
+    async def make(*behaviours: str) -> TestClient[web.Request, web.Application]:
+        urls = []
+        for b in behaviours:
+            server = TestServer(stub_worker(b))
+            await server.start_server()
+            servers.append(server)
+            urls.append(str(server.make_url("")).rstrip("/"))
+        config = RouterConfig(model="tiny", decode_urls=tuple(urls),
+                              worker_idle_timeout_seconds=2.0)
+        router = Router(config, AutoTokenizer.from_pretrained(str(tiny_model_dir)), 512, 512)
+        client = TestClient(TestServer(router.app()))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        await c.close()
+    for s in servers:
+        await s.close()
+
+
+async def _sse(client: TestClient[web.Request, web.Application]) -> list[str]:
+    response = await client.post("/v1/completions", json={
+        "model": "tiny", "prompt": "hi there", "max_tokens": 5, "stream": True})
+    assert response.status == 200
+    return [line.decode().strip() async for line in _lines(response.content)
+            if line.strip()]
+
+
+async def _lines(content: object) -> AsyncIterator[bytes]:
+    async for line in content:  # type: ignore[attr-defined]
+        yield line
+
+
+async def test_a_decode_worker_dying_mid_stream_ends_the_sse_with_an_error(router_for) -> None:  # type: ignore[no-untyped-def]
+    events = await _sse(await router_for("midstream"))
+    assert json.loads(events[0].removeprefix("data: "))["choices"][0]["text"] == "Hello"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert "mid-response" in error["message"] and error["type"] == "server_error"
+    assert events[-1] == "data: [DONE]"
+
+
+async def test_no_decode_worker_able_to_serve_is_a_503_with_retry_after(router_for) -> None:  # type: ignore[no-untyped-def]
+    client = await router_for("refuse", "refuse")
+    response = await client.post("/v1/completions", json={
+        "model": "tiny", "prompt": "hi", "max_tokens": 2})
+    assert response.status == 503
+    assert response.headers["Retry-After"] == "1"
+    assert (await response.json())["error"]["type"] == "service_unavailable"
