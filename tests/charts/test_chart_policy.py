@@ -89,10 +89,11 @@ def test_operator_command_env_and_probes(default_docs: list[dict[str, Any]]) -> 
     assert "--standalone" in container["args"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert "--all-namespaces" in container["args"]
+    assert "--metrics-port=9090" in container["args"]
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["CLEAVE_RUNTIME_IMAGE"] == "ghcr.io/cleave-dev/cleave-runtime:0.1.0"
     assert env["CLEAVE_LOG_LEVEL"] == "info"
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"healthz": 8080}
+    assert ports == {"healthz": 8080, "metrics": 9090}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}

@@ -38,6 +38,7 @@ from chart_support import (
         ["--set", "monitoring.serviceMonitor.interval=soon"],
         ["--set-json", 'operator.watchNamespaces=["team-*"]'],
         ["--set", "monitoring.grafanaDashboard.extra=true"],
+        ["--set", "operator.metricsPort=70000"],
     ],
     ids=lambda bad: bad[1],
 )

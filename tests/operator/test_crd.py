@@ -96,12 +96,16 @@ def test_schema_required_fields_and_status() -> None:
     assert set(spec["properties"]["model"]["required"]) == {"name", "source"}
     status = schema["properties"]["status"]["properties"]
     assert set(status) >= {"observedGeneration", "endpoint", "prefill", "decode", "router",
-                           "conditions", "decisions"}
+                           "conditions", "autoscaler"}
     condition = status["conditions"]["items"]["properties"]
     assert condition["type"]["enum"] == ["Ready", "Progressing", "Degraded"]
     assert condition["status"]["enum"] == ["True", "False", "Unknown"]
-    decision = status["decisions"]["items"]["properties"]
-    assert set(decision) == {"time", "role", "from", "to", "reason", "inputs"}
+    autoscaler = status["autoscaler"]["properties"]
+    assert set(autoscaler) == {"dryRun", "desiredReplicas", "decisions"}
+    assert autoscaler["decisions"]["maxItems"] == 10
+    decision = autoscaler["decisions"]["items"]["properties"]
+    assert set(decision) == {"time", "role", "current", "desired", "reason", "advisory",
+                             "inputs"}
 
 
 def test_schema_is_structural() -> None:
@@ -142,7 +146,7 @@ def test_defaults_validate_against_their_schema() -> None:
 def test_every_rule_compiles_and_has_a_message() -> None:
     rules = [(p, r) for p, n in walk_schema(openapi_schema())
              for r in n.get("x-kubernetes-validations", [])]
-    assert len(rules) == 5
+    assert len(rules) == 6
     for path, rule in rules:
         assert rule.get("message"), path
         # a rule that does not compile raises here; evaluation errors just count as failures
@@ -252,6 +256,24 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "bad mode": (
         with_spec(autoscaling={"mode": "HPA"}),
         "spec.autoscaling.mode: 'HPA' is not one of ['Cleave', 'External', 'Disabled']"),
+    "window shorter than the interval": (
+        with_spec(autoscaling={"intervalSeconds": 30, "windowSeconds": 10}),
+        "spec.autoscaling: autoscaling.windowSeconds must be >= intervalSeconds"),
+    "interval under a second": (
+        with_spec(autoscaling={"intervalSeconds": 0.5}),
+        "spec.autoscaling.intervalSeconds: 0.5 is less than the minimum of 1"),
+    "negative scale-down delay": (
+        with_spec(autoscaling={"scaleDownDelaySeconds": -1}),
+        "spec.autoscaling.scaleDownDelaySeconds: -1 is less than the minimum of 0"),
+    "prometheus without a url": (
+        with_spec(autoscaling={"prometheus": {}}),
+        "spec.autoscaling.prometheus: 'url' is a required property"),
+    "prometheus url not http": (
+        with_spec(autoscaling={"prometheus": {"url": "prom:9090"}}),
+        "spec.autoscaling.prometheus.url: 'prom:9090' does not match"),
+    "dryRun not a bool": (
+        with_spec(autoscaling={"dryRun": "yes"}),
+        "spec.autoscaling.dryRun: 'yes' is not of type 'boolean'"),
     "negative gpuBudget": (
         with_spec(autoscaling={"gpuBudget": -1}),
         "spec.autoscaling.gpuBudget: -1 is less than the minimum of 0"),
@@ -324,7 +346,9 @@ def test_defaults_are_applied() -> None:
     assert spec["router"] == {"replicas": 1, "port": 8000, "serviceType": "ClusterIP",
                               "disaggregateMinTokens": 64, "kvLoadFailurePolicy": "recompute"}
     assert spec["kvStore"]["ttlSeconds"] == 3600
-    assert spec["autoscaling"] == {"mode": "Cleave", "scaleToZero": False}
+    assert spec["autoscaling"] == {"mode": "Cleave", "scaleToZero": False,
+                                   "intervalSeconds": 15, "windowSeconds": 60,
+                                   "scaleDownDelaySeconds": 300, "dryRun": False}
     assert "gpuBudget" not in spec["autoscaling"]
 
 
@@ -347,9 +371,22 @@ def test_status_validates() -> None:
         "router": {"desiredReplicas": 1, "readyReplicas": 1},
         "conditions": [{"type": "Ready", "status": "True", "reason": "AllReady", "message": "",
                         "lastTransitionTime": "2025-01-01T00:00:00Z", "observedGeneration": 3}],
-        "decisions": [{"time": "2025-01-01T00:00:00Z", "role": "decode", "from": 1, "to": 2,
-                       "reason": "tpot above target", "inputs": {"tpotSeconds": "0.09"}}],
+        "autoscaler": {"dryRun": False, "desiredReplicas": {"decode": 2}, "decisions": [
+            {"time": "2025-01-01T00:00:00Z", "role": "decode", "current": 1, "desired": 2,
+             "reason": "tpot asks for 2; up to 2 (window 2, step 4)", "advisory": False,
+             "inputs": {"latency_p90": "0.09", "latency_target": "0.05"}}]},
     }
     assert validate(obj) == []
     obj["status"]["conditions"][0]["status"] = "Yes"
     assert any(e.startswith("status.conditions[0].status:") for e in validate(obj))
+    obj["status"]["conditions"][0]["status"] = "True"
+    obj["status"]["autoscaler"]["decisions"][0]["role"] = "router"
+    assert any(e.startswith("status.autoscaler.decisions[0].role:") for e in validate(obj))
+
+
+def test_autoscaler_options_are_valid() -> None:
+    obj = with_spec(decode__autoscaling={"minReplicas": 1, "maxReplicas": 4, "tpotSeconds": 0.05},
+                    autoscaling={"intervalSeconds": 10, "windowSeconds": 10,
+                                 "scaleDownDelaySeconds": 0, "dryRun": True,
+                                 "prometheus": {"url": "http://prometheus.monitoring:9090"}})
+    assert validate(obj) == []

@@ -2,8 +2,8 @@
 
 No I/O and no clock: the same spec always builds the same objects, so reconciliation is a
 diff against what exists, and every rule here is unit-tested directly. ``replicas=None``
-leaves a Deployment's replicas out entirely, for roles whose replicas someone else owns
-(autoscaling mode ``External``: an HPA or KEDA).
+leaves a Deployment's replicas out entirely, for roles whose replicas someone else owns (the
+Cleave autoscaler, or in autoscaling mode ``External`` an HPA or KEDA).
 """
 
 from __future__ import annotations

@@ -59,12 +59,15 @@ class Kube:
             raise
         return dict(json.loads(found.data))
 
-    def apply(self, obj: Mapping[str, Any], *, create_only: bool = False) -> str:
-        """Create or patch one child; returns "created", "patched" or "unchanged"."""
+    def apply(self, obj: Mapping[str, Any], *, create_only: bool = False,
+              create_as: Mapping[str, Any] | None = None) -> str:
+        """Create or patch one child; returns "created", "patched" or "unchanged".
+        ``create_as`` is the body to create it with when it differs from the one kept in
+        line afterwards (an autoscaled Deployment starts at its minimum replicas)."""
         existing = self.get(obj)
         if existing is None:
             try:
-                self._call("create", obj, body=obj)
+                self._call("create", obj, body=create_as or obj)
             except ApiException as e:
                 if e.status != 409:
                     raise
@@ -82,6 +85,20 @@ class Kube:
             return "unchanged"
         self.writes += 1
         return "patched"
+
+    def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
+        """Set a Deployment's replicas through its Scale subresource (only that field, so
+        nothing else of the Deployment can be overwritten); False if it is gone."""
+        try:
+            client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
+                deployment, namespace, {"spec": {"replicas": replicas}},
+                _content_type=MERGE_PATCH, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        self.writes += 1
+        return True
 
     def pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         label_selector = ",".join(f"{k}={v}" for k, v in selector.items())

@@ -17,7 +17,12 @@ from typing import Any
 from cleave.operator import builders
 from cleave.operator.kube import Kube
 from cleave.operator.spec import DEFAULT_IMAGE, LLMServiceSpec, SpecError, parse_spec
-from cleave.operator.status import RoleObservation, compute_status, observe_role
+from cleave.operator.status import (
+    RoleObservation,
+    compute_status,
+    observe_role,
+    reconciled_part,
+)
 
 
 @dataclass(frozen=True)
@@ -28,11 +33,31 @@ class Outcome:
 
 
 def owned_replicas(spec: LLMServiceSpec) -> dict[str, int | None]:
-    """The replicas the operator writes; with an external autoscaler, none."""
+    """The replicas every reconcile writes. None leaves them to their owner: an external
+    autoscaler (mode External), or the Cleave autoscaler for a role with an autoscaling block
+    (writing the spec's count here would undo each of its scale operations)."""
     if spec.autoscaling_mode == "External":
         return {"prefill": None, "decode": None}
-    return {"prefill": spec.prefill.replicas if spec.prefill else None,
-            "decode": spec.decode.replicas}
+    owned = spec.autoscaled_roles()
+    return {"prefill": spec.prefill.replicas if spec.prefill and "prefill" not in owned
+            else None,
+            "decode": spec.decode.replicas if "decode" not in owned else None}
+
+
+def initial_replicas(spec: LLMServiceSpec) -> dict[str, int]:
+    """Replicas an autoscaled role's Deployment is created with (never written again): its
+    minimum, or 1 when the minimum is 0 but scale to zero is off (the policy keeps one)."""
+    initial = {}
+    for name in spec.autoscaled_roles():
+        role = spec.prefill if name == "prefill" else spec.decode
+        assert role is not None and role.autoscaling is not None
+        low = role.autoscaling.min_replicas
+        initial[name] = low if low > 0 or spec.scale_to_zero else 1
+    return initial
+
+
+def _with_replicas(child: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+    return {**child, "spec": {**child["spec"], "replicas": replicas}}
 
 
 def _now() -> str:
@@ -42,8 +67,7 @@ def _now() -> str:
 def reconcile(kube: Kube, obj: Mapping[str, Any]) -> Outcome:
     meta = obj["metadata"]
     generation = int(meta.get("generation", 1))
-    previous = dict(obj.get("status") or {})
-    previous.pop("kopf", None)
+    previous = reconciled_part(obj.get("status") or {})
     try:
         # The chart sets the runtime image the cluster's services default to.
         spec = parse_spec(obj, os.environ.get("CLEAVE_RUNTIME_IMAGE", DEFAULT_IMAGE))
@@ -56,9 +80,13 @@ def reconcile(kube: Kube, obj: Mapping[str, Any]) -> Outcome:
         password = kube.secret_value(spec.namespace, f"{spec.name}-redis-auth", "password") \
             or secrets.token_urlsafe(24)
     actions = []
+    initial = {f"{spec.name}-{role}": n for role, n in initial_replicas(spec).items()}
     for child in builders.desired_children(spec, owner, password, owned_replicas(spec)):
+        name = child["metadata"]["name"]
+        first = _with_replicas(child, initial[name]) \
+            if child["kind"] == "Deployment" and name in initial else None
         # The password Secret is written once: regenerating it would cut every client off.
-        result = kube.apply(child, create_only=child["kind"] == "Secret")
+        result = kube.apply(child, create_only=child["kind"] == "Secret", create_as=first)
         if result != "unchanged":
             actions.append((result, f"{child['kind']}/{child['metadata']['name']}"))
     roles: dict[str, RoleObservation] = {}

@@ -84,6 +84,17 @@ class KVStore:
 
 
 @dataclass(frozen=True)
+class AutoscalerOptions:
+    """How the Cleave autoscaler runs (mode Cleave only); what it aims at is per role."""
+
+    interval_seconds: float = 15.0  # one scrape + decision per interval
+    window_seconds: float = 60.0  # quantiles and rates cover this much recent history
+    scale_down_delay_seconds: float = 300.0  # every recommendation in it must agree to go down
+    dry_run: bool = False  # advisory: record decisions, never touch the Deployments
+    prometheus_url: str | None = None  # read signals from this server instead of the pods
+
+
+@dataclass(frozen=True)
 class LLMServiceSpec:
     name: str  # metadata.name: names every child and salts the KV namespace
     namespace: str
@@ -99,6 +110,15 @@ class LLMServiceSpec:
     autoscaling_mode: str = "Cleave"
     gpu_budget: int | None = None
     scale_to_zero: bool = False
+    autoscaler: AutoscalerOptions = AutoscalerOptions()
+
+    def autoscaled_roles(self) -> tuple[str, ...]:
+        """Roles whose replicas the Cleave autoscaler owns: mode Cleave and an autoscaling
+        block. A role without one keeps the replicas the user fixed."""
+        if self.autoscaling_mode != "Cleave":
+            return ()
+        roles = [("prefill", self.prefill), ("decode", self.decode)]
+        return tuple(n for n, r in roles if r is not None and r.autoscaling is not None)
 
 
 def _secret(raw: Any, where: str) -> SecretRef | None:
@@ -137,6 +157,34 @@ def _role(raw: Any, where: str) -> Role:
         engine=Engine(engine.get("maxBatchedTokens"), engine.get("maxNumSeqs"),
                       engine.get("kvCacheMemory")),
         autoscaling=auto)
+
+
+def _seconds(raw: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise SpecError(f"{where}.{key} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
+    where = "spec.autoscaling"
+    delay = raw.get("scaleDownDelaySeconds", 300)
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+        raise SpecError(f"{where}.scaleDownDelaySeconds must be a number >= 0, got {delay!r}")
+    prometheus = raw.get("prometheus")
+    url = None
+    if prometheus is not None:
+        if not isinstance(prometheus, Mapping) or not str(prometheus.get("url", "")).startswith(
+                ("http://", "https://")):
+            raise SpecError(f"{where}.prometheus needs an http(s) url")
+        url = str(prometheus["url"])
+    interval = _seconds(raw, "intervalSeconds", 15.0, where)
+    window = _seconds(raw, "windowSeconds", 60.0, where)
+    if window < interval:  # a window must hold two scrapes to have a delta at all
+        raise SpecError(f"{where}.windowSeconds {window:g} < intervalSeconds {interval:g}")
+    return AutoscalerOptions(
+        interval_seconds=interval, window_seconds=window, scale_down_delay_seconds=float(delay),
+        dry_run=bool(raw.get("dryRun", False)), prometheus_url=url)
 
 
 def parse_spec(obj: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> LLMServiceSpec:
@@ -186,4 +234,5 @@ def parse_spec(obj: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> LL
         decode=_role(spec["decode"], "spec.decode"), router=router, kv_store=kv,
         autoscaling_mode=str(mode),
         gpu_budget=int(budget) if budget is not None else None,
-        scale_to_zero=bool(scaling.get("scaleToZero", False)))
+        scale_to_zero=bool(scaling.get("scaleToZero", False)),
+        autoscaler=_autoscaler(scaling))

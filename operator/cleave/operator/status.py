@@ -13,6 +13,8 @@ from typing import Any
 
 from cleave.operator.spec import LLMServiceSpec
 
+AUTOSCALER = "autoscaler"  # status key owned by the autoscaler loop, see reconciled_part()
+
 
 @dataclass(frozen=True)
 class RoleObservation:
@@ -32,14 +34,51 @@ def observe_role(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[st
     ready = int((deployment.get("status") or {}).get("readyReplicas", 0) or 0)
     unschedulable, gpu, message = 0, False, ""
     for pod in pods:
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
-                    and cond.get("reason") == "Unschedulable":
-                unschedulable += 1
-                text = str(cond.get("message", ""))
-                gpu = gpu or "nvidia.com/gpu" in text
-                message = message or text
+        if (cond := _unschedulable(pod)) is not None:
+            unschedulable += 1
+            text = str(cond.get("message", ""))
+            gpu = gpu or "nvidia.com/gpu" in text
+            message = message or text
     return RoleObservation(desired, ready, unschedulable, gpu, message)
+
+
+@dataclass(frozen=True)
+class PodCounts:
+    """A role's pods as the autoscaler counts capacity."""
+
+    ready: int = 0  # serving now
+    starting: int = 0  # scheduled (or about to be created), not ready: capacity on its way
+    pending: int = 0  # unschedulable: asked for, but there is no room for it
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
+                and cond.get("reason") == "Unschedulable":
+            return cond  # type: ignore[no-any-return]
+    return None
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def live_pods(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pods that are or will be capacity: not terminating, not finished."""
+    return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+
+def count_pods(replicas: int, pods: Sequence[Mapping[str, Any]]) -> PodCounts:
+    """Ready / starting / pending pods of a role whose Deployment asks for ``replicas``. Pods the
+    ReplicaSet has not created yet count as starting: just after a scale-up they do not exist,
+    and reading them as absent would let the next decision undo the scale-up."""
+    live = live_pods(pods)
+    ready = sum(1 for p in live if is_ready(p))
+    pending = sum(1 for p in live if not is_ready(p) and _unschedulable(p) is not None)
+    starting = len(live) - ready - pending + max(0, replicas - len(live))
+    return PodCounts(ready, starting, pending)
 
 
 def _condition(kind: str, ok: bool, reason: str, message: str, generation: int,
@@ -57,11 +96,12 @@ def compute_status(spec: LLMServiceSpec | None, generation: int,
                    roles: Mapping[str, RoleObservation], endpoint: str | None,
                    previous: Mapping[str, Any], now: str,
                    spec_error: str | None = None) -> dict[str, Any]:
-    """The whole status block; identical inputs give an identical block (no spurious writes)."""
+    """The reconciled status block (all but ``autoscaler``); identical inputs give an
+    identical block (no spurious writes)."""
     old = list(previous.get("conditions") or [])
     if spec is None or spec_error:
         message = spec_error or "spec is missing"
-        return {**{k: v for k, v in previous.items() if k != "conditions"},
+        return {**{k: v for k, v in previous.items() if k not in ("conditions", AUTOSCALER)},
                 "observedGeneration": generation, "conditions": [
                     _condition("Ready", False, "SpecInvalid", message, generation, old, now),
                     _condition("Progressing", False, "SpecInvalid", message, generation, old,
@@ -94,6 +134,10 @@ def compute_status(spec: LLMServiceSpec | None, generation: int,
     }
     for name, r in roles.items():
         status[name] = {"desiredReplicas": r.desired, "readyReplicas": r.ready}
-    if "decisions" in previous:
-        status["decisions"] = previous["decisions"]
     return status
+
+
+def reconciled_part(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a status the reconcile writes: not kopf's, not the autoscaler's (written
+    by its own loop; carrying an old copy of it in a patch would undo newer decisions)."""
+    return {k: v for k, v in status.items() if k not in ("kopf", AUTOSCALER)}

@@ -1,0 +1,233 @@
+"""The Kubernetes scale backend: one LLMService's autoscaler loop state and one tick of it.
+
+A tick lists each role's Deployment and pods, scrapes every ready pod's ``/metrics`` (workers
+and routers: the router's held requests are the demand signal of a role at zero) or asks
+Prometheus, turns that into the policy's signals, runs :func:`policy.decide`, and then scales
+the Deployments it owns and publishes what changed (``report``: status, Event, log; metrics).
+All API access goes through :class:`~cleave.operator.kube.Kube`.
+
+State (the collector's scrape history and the policy's recommendation history) lives in
+memory only. Losing it on an operator restart is safe: a fresh collector has no window, so
+every latency reads as missing and the policy holds until two scrapes exist; and the fresh
+policy history is seeded with each role's current replicas, so no scale-down happens before a
+whole ``scaleDownDelaySeconds`` of new recommendations agrees. Scale-ups are never delayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from cleave.operator import builders
+from cleave.operator.autoscaler import metrics, prometheus, report
+from cleave.operator.autoscaler.policy import (
+    Decision,
+    PolicyConfig,
+    RoleSignals,
+    ScalingState,
+    config_from_spec,
+    decide,
+)
+from cleave.operator.autoscaler.signals import ROUTER, SignalCollector, scrape
+from cleave.operator.kube import Kube
+from cleave.operator.spec import LLMServiceSpec, SpecError, parse_spec
+from cleave.operator.status import PodCounts, count_pods, is_ready, live_pods
+
+log = logging.getLogger("cleave.operator.autoscaler")
+SCRAPE_TIMEOUT_S = 2.0
+# Old enough to fall outside a zero up-window (a seed must not block the first scale-up),
+# young enough to sit inside any scale-down delay.
+_SEED_AGE_S = 1e-3
+PostEvent = Callable[[str, str], None]  # (reason, message) -> a Normal Event on the service
+
+
+def interval_seconds(spec: LLMServiceSpec) -> float:
+    """The spec's interval; ``CLEAVE_AUTOSCALE_SECONDS`` overrides it for every service."""
+    override = float(os.environ.get("CLEAVE_AUTOSCALE_SECONDS", "0") or 0)
+    return override if override > 0 else spec.autoscaler.interval_seconds
+
+
+@dataclass(frozen=True)
+class RoleView:
+    replicas: int | None  # the Deployment's spec.replicas; None: no Deployment (yet)
+    pods: tuple[Mapping[str, Any], ...]
+
+
+def observe(kube: Kube, spec: LLMServiceSpec) -> dict[str, RoleView]:
+    """Every role's Deployment replicas and pods, the router's included."""
+    views = {}
+    for role in (["prefill"] if spec.prefill else []) + ["decode", ROUTER]:
+        deployment = kube.get({"apiVersion": "apps/v1", "kind": "Deployment",
+                               "metadata": {"name": f"{spec.name}-{role}",
+                                            "namespace": spec.namespace}})
+        replicas = None if deployment is None else \
+            int((deployment.get("spec") or {}).get("replicas", 1))
+        views[role] = RoleView(replicas, tuple(kube.pods(spec.namespace,
+                                                         builders.labels(spec, role))))
+    return views
+
+
+def metrics_url(pod: Mapping[str, Any]) -> str | None:
+    """``http://<podIP>:<port named http>/metrics`` of a ready pod; None if it cannot be
+    scraped (not ready: it serves no traffic, so its figures would describe nothing)."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip or not is_ready(pod):
+        return None
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == "http" and port.get("containerPort"):
+                host = f"[{ip}]" if ":" in ip else ip
+                return f"http://{host}:{port['containerPort']}/metrics"
+    return None
+
+
+def policy_config(spec: LLMServiceSpec) -> PolicyConfig:
+    """The policy's config, with the spec's scale-down delay as every role's down window."""
+    cfg = config_from_spec(spec)
+    delay = spec.autoscaler.scale_down_delay_seconds
+    return replace(cfg, roles={r: replace(p, down_window_s=delay) for r, p in cfg.roles.items()})
+
+
+def seed(now: float, replicas: Mapping[str, int]) -> ScalingState:
+    """A fresh policy history that remembers recommending the current replicas (see the
+    module docstring: why a restart cannot cause a premature scale-down)."""
+    return ScalingState({r: ((now - _SEED_AGE_S, n),) for r, n in replicas.items()})
+
+
+@dataclass(frozen=True)
+class Tick:
+    decisions: tuple[Decision, ...]  # of the roles the autoscaler owns
+    replicas: Mapping[str, int]  # their Deployments' replicas
+    signals: Mapping[str, RoleSignals]
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ServiceAutoscaler:
+    """One LLMService's autoscaler: its collector, policy state and last published block."""
+
+    def __init__(self, kube: Kube, scrape_timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+        self.kube = kube
+        self.scrape_timeout_s = scrape_timeout_s
+        self.collector: SignalCollector | None = None
+        self.state: ScalingState | None = None
+        self.published: dict[str, Any] | None = None  # the status block this loop last wrote
+        self._problem = ""
+
+    def _collector(self, spec: LLMServiceSpec) -> SignalCollector:
+        window = spec.autoscaler.window_seconds
+        # Two missed intervals make a pod's last answer stale.
+        stale = 2 * interval_seconds(spec) + self.scrape_timeout_s
+        c = self.collector
+        if c is None or c.window_s != window or c.stale_after_s != stale:
+            c = self.collector = SignalCollector(window, stale)
+        return c
+
+    async def _scraped(self, spec: LLMServiceSpec, session: aiohttp.ClientSession,
+                       views: Mapping[str, RoleView], counts: Mapping[str, PodCounts],
+                       now: float) -> dict[str, RoleSignals]:
+        collector = self._collector(spec)
+        targets = [(role, str(p["metadata"]["name"]), url) for role, v in views.items()
+                   for p in live_pods(v.pods) if (url := metrics_url(p)) is not None]
+        answers = await asyncio.gather(*(scrape(session, url, self.scrape_timeout_s)
+                                         for _, _, url in targets))
+        for (role, pod, _), answer in zip(targets, answers, strict=True):
+            collector.record(pod, role, now, answer)
+        collector.forget(pod for _, pod, _ in targets)
+        return {r: collector.role_signals(r, now, ready=c.ready, starting=c.starting,
+                                          pending=c.pending) for r, c in counts.items()}
+
+    async def _from_prometheus(self, spec: LLMServiceSpec, session: aiohttp.ClientSession,
+                               counts: Mapping[str, PodCounts]) -> dict[str, RoleSignals]:
+        url = spec.autoscaler.prometheus_url
+        assert url is not None
+        out = {}
+        for r, c in counts.items():
+            got = await prometheus.role_signals(
+                session, url, spec.namespace, spec.name, r, spec.autoscaler.window_seconds,
+                ready=c.ready, starting=c.starting, pending=c.pending,
+                timeout_s=self.scrape_timeout_s)
+            # A failed query is missing data, never zero: the policy holds.
+            out[r] = got or RoleSignals(ready=c.ready, starting=c.starting, pending=c.pending)
+        return out
+
+    async def tick(self, spec: LLMServiceSpec, cfg: PolicyConfig,
+                   session: aiohttp.ClientSession, now: float) -> Tick | None:
+        """Observe, scrape and decide; None when there is nothing to decide yet."""
+        owned = spec.autoscaled_roles()
+        if not owned:
+            return None
+        views = await asyncio.to_thread(observe, self.kube, spec)
+        workers = {r: v for r, v in views.items() if r != ROUTER}
+        if any(v.replicas is None for v in workers.values()):
+            return None  # the reconcile has not created every Deployment yet
+        replicas = {r: v.replicas for r, v in workers.items() if v.replicas is not None}
+        counts = {r: count_pods(replicas[r], v.pods) for r, v in workers.items()}
+        if spec.autoscaler.prometheus_url:
+            signals = await self._from_prometheus(spec, session, counts)
+        else:
+            signals = await self._scraped(spec, session, views, counts, now)
+        if self.state is None:
+            self.state = seed(now, replicas)
+        decisions, self.state = decide(now, signals, cfg, self.state)
+        return Tick(tuple(d for d in decisions if d.role in owned),
+                    {r: replicas[r] for r in owned}, signals)
+
+    async def publish(self, spec: LLMServiceSpec, tick: Tick, previous: Mapping[str, Any] | None,
+                      post_event: PostEvent) -> list[report.Change]:
+        """Scale what changed (unless advisory), then tell it: status, Events, logs, metrics."""
+        dry = spec.autoscaler.dry_run
+        previous = self.published if self.published is not None else previous
+        found = report.changes(tick.decisions, tick.replicas, previous, dry)
+        done = []
+        for change in found:
+            if change.act and not await asyncio.to_thread(
+                    self.kube.scale, spec.namespace, f"{spec.name}-{change.role}",
+                    change.desired):
+                continue  # the Deployment is gone: the next reconcile recreates it
+            done.append(change)
+        for d in tick.decisions:
+            metrics.set_desired(spec.name, spec.namespace, d.role, d.desired, dry)
+        if report.needs_write(previous, done, dry):
+            block = report.status_block(previous, done, {d.role: d.desired
+                                                         for d in tick.decisions},
+                                        dry, _now_iso())
+            await asyncio.to_thread(self.kube.patch_status, spec.namespace, spec.name,
+                                    {"autoscaler": block})
+            self.published = block
+        for change in done:
+            post_event(*report.event(change))
+            log.info(report.log_line(f"{spec.namespace}/{spec.name}", change))
+            metrics.count_decision(spec.name, spec.namespace, change.role, change.direction,
+                                   not change.act)
+        return done
+
+    async def run_once(self, obj: Mapping[str, Any], session: aiohttp.ClientSession,
+                       now: float, post_event: PostEvent) -> float:
+        """One tick of the loop for the LLMService ``obj``; returns the seconds to wait."""
+        try:
+            spec = parse_spec(obj)
+        except SpecError:
+            return 5.0  # the reconcile reports the spec; look again soon
+        try:
+            cfg = policy_config(spec)
+        except ValueError as e:  # e.g. the minimum replicas alone need more than the budget
+            if str(e) != self._problem:
+                log.warning("%s/%s: cannot autoscale: %s", spec.namespace, spec.name, e)
+                self._problem = str(e)
+            return interval_seconds(spec)
+        self._problem = ""
+        tick = await self.tick(spec, cfg, session, now)
+        if tick is not None:
+            await self.publish(spec, tick, (obj.get("status") or {}).get("autoscaler"),
+                               post_event)
+        return interval_seconds(spec)

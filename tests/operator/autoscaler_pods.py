@@ -1,0 +1,151 @@
+"""Synthetic pods for autoscaler tests: real HTTP servers serving Prometheus text like a worker's
+or a router's ``/metrics``, plus the kmock pod objects that point the operator at them.
+
+Each scrape of a pod is one interval of traffic: the pod observes ``per_scrape`` latencies of
+its profile and grows its token counter, so windowed quantiles and rates have deltas to read, as
+they would against a live worker. ``status`` other than 200 makes the pod fail its scrapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from kmock_support import KubeEmulator
+from kubernetes import client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# The runtime's buckets (runtime/cleave/runtime/metrics.py).
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                   7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.4, 0.5, 0.75, 1.0, 2.5)
+
+
+@dataclass
+class Profile:
+    role: str  # prefill, decode or router
+    ttft: float | None = None  # seconds observed per request on a scrape
+    tpot: float | None = None
+    kv_usage: float = 0.0
+    waiting: float = 0.0
+    tokens_per_scrape: float = 0.0
+    per_scrape: int = 10
+    status: int = 200
+
+
+class FakePod:
+    """One pod's metrics registry, advanced by one interval of traffic per scrape."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.registry = CollectorRegistry()
+        self.scrapes = 0
+        r = self.registry
+        self.ttft = Histogram("cleave_time_to_first_token_seconds", "TTFT", ["role"],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("cleave_time_per_output_token_seconds", "TPOT", ["role"],
+                              buckets=TPOT_BUCKETS, registry=r)
+        self.waiting = Gauge("cleave_num_requests_waiting", "waiting", ["role"], registry=r)
+        self.kv = Gauge("cleave_kv_cache_usage_ratio", "kv", ["role"], registry=r)
+        self.prompt = Counter("cleave_prompt_tokens", "prompt tokens", ["role"], registry=r)
+        self.generated = Counter("cleave_generation_tokens", "output tokens", ["role"],
+                                 registry=r)
+
+    def render(self) -> bytes:
+        p = self.profile
+        self.scrapes += 1
+        for _ in range(p.per_scrape):
+            if p.ttft is not None:
+                self.ttft.labels(p.role).observe(p.ttft)
+            if p.tpot is not None:
+                self.tpot.labels(p.role).observe(p.tpot)
+        self.waiting.labels(p.role).set(p.waiting)
+        if p.role != "router":
+            self.kv.labels(p.role).set(p.kv_usage)
+            tokens = self.prompt if p.role == "prefill" else self.generated
+            tokens.labels(p.role).inc(p.tokens_per_scrape)
+        return generate_latest(self.registry)
+
+
+class PodServers:
+    """Serves every FakePod on its own 127.0.0.1 port from a thread with its own event loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.runners: list[web.AppRunner] = []
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def add(self, profile: Profile) -> tuple[FakePod, int]:
+        pod = FakePod(profile)
+
+        async def metrics(_: web.Request) -> web.Response:
+            if pod.profile.status != 200:
+                return web.Response(status=pod.profile.status, text="unavailable")
+            return web.Response(body=pod.render(), content_type="text/plain")
+
+        async def start() -> int:
+            app = web.Application()
+            app.router.add_get("/metrics", metrics)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            site = web.SockSite(runner, sock)
+            await site.start()
+            self.runners.append(runner)
+            return int(sock.getsockname()[1])
+
+        return pod, asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            for runner in self.runners:
+                await runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@contextlib.contextmanager
+def pod_servers() -> Iterator[PodServers]:
+    servers = PodServers()
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+def free_port() -> int:
+    """A port nothing listens on: a pod there refuses every scrape."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def labels(service: str, role: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "cleave", "app.kubernetes.io/instance": service,
+            "app.kubernetes.io/component": role,
+            "app.kubernetes.io/managed-by": "cleave-operator"}
+
+
+def create_pod(emu: KubeEmulator, namespace: str, service: str, role: str, name: str,
+               port: int, ready: bool = True) -> dict[str, Any]:
+    """A running pod of ``service``'s ``role`` as a ReplicaSet and kubelet would leave it: the
+    container port named ``http`` and status.podIP say where its /metrics is."""
+    client.CoreV1Api(emu.api_client()).create_namespaced_pod(namespace, {
+        "metadata": {"name": name, "labels": labels(service, role)},
+        "spec": {"containers": [{"name": role, "image": "x",
+                                 "ports": [{"name": "http", "containerPort": port}]}]}})
+    return emu.set_status("pods", namespace, name, {
+        "phase": "Running", "podIP": "127.0.0.1",
+        "conditions": [{"type": "PodScheduled", "status": "True"},
+                       {"type": "Ready", "status": "True" if ready else "False"}]})

@@ -1,0 +1,339 @@
+"""The Kubernetes autoscaler's pure pieces: spec options, replica ownership, pod counting, scrape
+URLs, what gets published (report), the restart-safe policy seed, the operator's metrics, and the
+Prometheus source against a real HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from kubernetes import client
+from prometheus_client import REGISTRY
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from kmock_support import KubeEmulator, kube_emulator
+
+from cleave.operator.autoscaler import metrics, prometheus, report
+from cleave.operator.autoscaler.controller import metrics_url, policy_config, seed
+from cleave.operator.autoscaler.policy import Decision, RoleSignals, decide
+from cleave.operator.kube import Kube
+from cleave.operator.main import run_operator
+from cleave.operator.reconcile import initial_replicas, owned_replicas, reconcile
+from cleave.operator.spec import SpecError, parse_spec
+from cleave.operator.status import PodCounts, count_pods
+
+
+def spec_of(prefill: dict[str, Any] | None = None, decode: dict[str, Any] | None = None,
+            **autoscaling: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": {"name": "m", "source": "m"}, "decode": decode or {},
+                            "kvStore": {"managed": {}}, "autoscaling": autoscaling}
+    if prefill is not None:
+        spec["prefill"] = prefill
+    return {"apiVersion": "cleave.dev/v1alpha1", "kind": "LLMService",
+            "metadata": {"name": "chat", "namespace": "default", "uid": "u1"}, "spec": spec}
+
+
+AUTO = {"replicas": 5, "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "ttftSeconds": 0.5}}
+
+# --- spec ---------------------------------------------------------------------------------
+
+
+def test_autoscaler_options_default_and_parse() -> None:
+    opts = parse_spec(spec_of()).autoscaler
+    assert (opts.interval_seconds, opts.window_seconds, opts.scale_down_delay_seconds,
+            opts.dry_run, opts.prometheus_url) == (15.0, 60.0, 300.0, False, None)
+    opts = parse_spec(spec_of(intervalSeconds=5, windowSeconds=30, scaleDownDelaySeconds=0,
+                              dryRun=True, prometheus={"url": "http://prom:9090"})).autoscaler
+    assert (opts.interval_seconds, opts.window_seconds, opts.scale_down_delay_seconds,
+            opts.dry_run, opts.prometheus_url) == (5.0, 30.0, 0.0, True, "http://prom:9090")
+
+
+@pytest.mark.parametrize(("autoscaling", "message"), [
+    ({"intervalSeconds": 0}, "intervalSeconds must be a number > 0"),
+    ({"windowSeconds": "1m"}, "windowSeconds must be a number > 0"),
+    ({"intervalSeconds": 30, "windowSeconds": 10}, "windowSeconds 10 < intervalSeconds 30"),
+    ({"scaleDownDelaySeconds": -5}, "scaleDownDelaySeconds must be a number >= 0"),
+    ({"prometheus": {"url": "prom:9090"}}, r"prometheus needs an http\(s\) url"),
+])
+def test_bad_autoscaler_options_are_spec_errors(autoscaling: dict[str, Any],
+                                                message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_spec(spec_of(**autoscaling))
+
+
+# --- who owns replicas --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "owned", "initial"), [
+    ("Cleave", {"prefill": None, "decode": 1}, {"prefill": 2}),
+    ("External", {"prefill": None, "decode": None}, {}),
+    ("Disabled", {"prefill": 5, "decode": 1}, {}),
+])
+def test_replica_ownership_by_mode(mode: str, owned: dict[str, int | None],
+                                   initial: dict[str, int]) -> None:
+    spec = parse_spec(spec_of(AUTO, {"replicas": 1}, mode=mode))
+    assert owned_replicas(spec) == owned
+    assert initial_replicas(spec) == initial
+    assert spec.autoscaled_roles() == (("prefill",) if mode == "Cleave" else ())
+
+
+def test_initial_replicas_at_zero_only_with_scale_to_zero() -> None:
+    zero = {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}
+    assert initial_replicas(parse_spec(spec_of(zero, zero))) == {"prefill": 1, "decode": 1}
+    assert initial_replicas(parse_spec(spec_of(zero, zero, scaleToZero=True))) == {
+        "prefill": 0, "decode": 0}
+
+
+@pytest.fixture()
+def emu() -> Iterator[KubeEmulator]:
+    with kube_emulator() as emulator:
+        yield emulator
+
+
+def test_reconcile_creates_an_autoscaled_role_at_min_and_never_writes_it_again(
+        emu: KubeEmulator) -> None:
+    objects = client.CustomObjectsApi(emu.api_client())
+    objects.create_namespaced_custom_object("cleave.dev", "v1alpha1", "default", "llmservices",
+                                            spec_of(AUTO, {"replicas": 1}))
+    kube = Kube(emu.api_client())
+    obj = emu.get("llmservices", "default", "chat")
+    assert obj is not None
+    reconcile(kube, obj)
+    assert emu.get("deployments", "default", "chat-prefill")["spec"]["replicas"] == 2  # type: ignore[index]
+    assert kube.scale("default", "chat-prefill", 4)  # the autoscaler's move
+    outcome = reconcile(kube, obj)
+    assert outcome.actions == []
+    assert emu.get("deployments", "default", "chat-prefill")["spec"]["replicas"] == 4  # type: ignore[index]
+    assert not kube.scale("default", "gone", 1)  # a missing Deployment is not an error
+
+
+# --- pods ---------------------------------------------------------------------------------
+
+
+def pod(ready: bool = True, ip: str | None = "10.0.0.7", port_name: str = "http",
+        unschedulable: bool = False, deleting: bool = False) -> dict[str, Any]:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    meta: dict[str, Any] = {"name": "p"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status: dict[str, Any] = {"phase": "Running", "conditions": conditions}
+    if ip:
+        status["podIP"] = ip
+    return {"metadata": meta, "status": status, "spec": {"containers": [
+        {"name": "w", "ports": [{"name": "grpc", "containerPort": 9}, {
+            "name": port_name, "containerPort": 8100}]}]}}
+
+
+def test_count_pods() -> None:
+    pods = [pod(), pod(), pod(ready=False), pod(unschedulable=True), pod(deleting=True),
+            {"status": {"phase": "Failed"}}]
+    assert count_pods(4, pods) == PodCounts(ready=2, starting=1, pending=1)
+    # Asked for but not created yet (just scaled up): capacity on its way, not absent.
+    assert count_pods(6, pods) == PodCounts(ready=2, starting=3, pending=1)
+    assert count_pods(0, []) == PodCounts(0, 0, 0)
+
+
+def test_metrics_url_of_a_ready_pod_only() -> None:
+    assert metrics_url(pod()) == "http://10.0.0.7:8100/metrics"
+    assert metrics_url(pod(ip="fd00::7")) == "http://[fd00::7]:8100/metrics"
+    assert metrics_url(pod(ready=False)) is None
+    assert metrics_url(pod(ip=None)) is None
+    assert metrics_url(pod(port_name="web")) is None
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+def decision(role: str, desired: int, reason: str = "ttft asks for 3") -> Decision:
+    return Decision(role, 1, desired, reason, {"latency_p90": "1.2", "ready": "1"})
+
+
+def test_acting_changes_are_desired_against_the_deployment() -> None:
+    found = report.changes([decision("prefill", 3), decision("decode", 1)],
+                           {"prefill": 1, "decode": 1}, None, dry_run=False)
+    assert [(c.role, c.current, c.desired, c.act, c.direction) for c in found] == [
+        ("prefill", 1, 3, True, "up")]
+    # Someone scaled by hand: the autoscaler owns the role and puts it back, and says so.
+    [back] = report.changes([decision("prefill", 3)], {"prefill": 7},
+                            {"dryRun": False, "desiredReplicas": {"prefill": 3}}, False)
+    assert (back.current, back.desired, back.direction) == (7, 3, "down")
+
+
+def test_advisory_changes_are_told_once() -> None:
+    first = report.changes([decision("prefill", 3)], {"prefill": 1}, None, dry_run=True)
+    assert [(c.act, c.desired) for c in first] == [(False, 3)]
+    block = report.status_block(None, first, {"prefill": 3}, True, "t1")
+    assert report.changes([decision("prefill", 3)], {"prefill": 1}, block, True) == []
+    again = report.changes([decision("prefill", 1)], {"prefill": 1}, block, True)
+    assert [(c.current, c.desired) for c in again] == [(1, 1)]  # back to where it is: told
+
+
+def test_status_block_is_newest_first_and_bounded() -> None:
+    block: dict[str, Any] | None = None
+    for i in range(12):
+        found = report.changes([decision("prefill", i + 2)], {"prefill": i + 1}, block, False)
+        block = report.status_block(block, found, {"prefill": i + 2}, False, f"t{i}")
+    assert block is not None
+    assert len(block["decisions"]) == report.KEEP_DECISIONS
+    assert [d["time"] for d in block["decisions"][:2]] == ["t11", "t10"]
+    assert block["decisions"][0] == {
+        "time": "t11", "role": "prefill", "current": 12, "desired": 13,
+        "reason": "ttft asks for 3", "advisory": False,
+        "inputs": {"latency_p90": "1.2", "ready": "1"}}
+    assert block["desiredReplicas"] == {"prefill": 13}
+
+
+def test_needs_write_only_for_a_change_or_a_mode_switch() -> None:
+    block = {"dryRun": True, "desiredReplicas": {}, "decisions": []}
+    assert not report.needs_write(None, [], False)
+    assert not report.needs_write(block, [], True)
+    assert report.needs_write(block, [], False)
+
+
+def test_event_and_log_line() -> None:
+    [up] = report.changes([decision("decode", 3, "kv asks for 3")], {"decode": 1}, None, False)
+    assert report.event(up) == ("ScaledUp", "decode 1 -> 3: kv asks for 3")
+    [advice] = report.changes([decision("decode", 0, "idle")], {"decode": 1}, None, True)
+    assert report.event(advice) == ("WouldScaleDown", "advisory (dryRun): decode 1 -> 0: idle")
+    line = report.log_line("ml/chat", up)
+    assert line.startswith("autoscaler scale ml/chat decode 1 -> 3 (kv asks for 3)")
+    assert "latency_p90=1.2" in line and "ready=1" in line
+
+
+# --- restart safety -----------------------------------------------------------------------
+
+
+def test_a_fresh_policy_history_delays_scale_down_but_not_scale_up() -> None:
+    spec = parse_spec(spec_of(AUTO, {"replicas": 1}, scaleDownDelaySeconds=60))
+    cfg = policy_config(spec)
+    assert cfg.roles["prefill"].down_window_s == 60
+    idle = RoleSignals(queue_depth=0, token_rate=0, ready=4)
+    fixed = RoleSignals(latency_p90=None, ready=1)
+    state = seed(100.0, {"prefill": 4, "decode": 1})
+    out, state = decide(100.0, {"prefill": idle, "decode": fixed}, cfg, state)
+    assert out[1].role == "prefill" and out[1].desired == 4  # held: the seed says 4
+    out, _ = decide(161.0, {"prefill": idle, "decode": fixed}, cfg, state)
+    assert out[1].desired == 3  # a whole delay of idle recommendations: one step down
+    hot = RoleSignals(latency_p90=1.5, ready=4)  # 3x the 0.5 s target
+    out, _ = decide(100.0, {"prefill": hot, "decode": fixed}, cfg, seed(100.0, {"prefill": 4}))
+    assert out[1].desired == 6  # up at once (bounded by max 6)
+
+
+# --- operator metrics ---------------------------------------------------------------------
+
+
+def test_desired_gauge_keeps_one_series_per_role() -> None:
+    labels = {"llmservice": "m1", "namespace": "ns", "role": "decode"}
+    metrics.set_desired("m1", "ns", "decode", 3, advisory=True)
+    metrics.set_desired("m1", "ns", "decode", 2, advisory=False)
+    gauge = "cleave_autoscaler_desired_replicas"
+    assert REGISTRY.get_sample_value(gauge, {**labels, "advisory": "false"}) == 2
+    assert REGISTRY.get_sample_value(gauge, {**labels, "advisory": "true"}) is None
+    metrics.count_decision("m1", "ns", "decode", "up", advisory=False)
+    assert REGISTRY.get_sample_value("cleave_autoscaler_decisions_total", {
+        **labels, "direction": "up", "advisory": "false"}) == 1
+    metrics.forget("m1", "ns")
+    assert REGISTRY.get_sample_value(gauge, {**labels, "advisory": "false"}) is None
+
+
+def test_bad_metrics_port_is_refused_before_anything_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit, match=r"--metrics-port must be 0\.\.65535, got 70000"):
+        run_operator(argparse.Namespace(metrics_port=70000))
+    monkeypatch.setenv("CLEAVE_OPERATOR_METRICS_PORT", "lots")
+    with pytest.raises(SystemExit, match="CLEAVE_OPERATOR_METRICS_PORT must be a port number"):
+        run_operator(argparse.Namespace(metrics_port=None))
+
+
+# --- Prometheus source --------------------------------------------------------------------
+
+
+def test_promql_per_role() -> None:
+    q = prometheus.queries("ml", "chat", "prefill", 60)
+    sel = 'namespace="ml", llmservice="chat", role=~"prefill"'
+    assert q["latency_p90"] == ("histogram_quantile(0.9, sum by (le) (rate("
+                                f"cleave_time_to_first_token_seconds_bucket{{{sel}}}[60s])))")
+    assert q["token_rate"] == f"sum(rate(cleave_prompt_tokens_total{{{sel}}}[60s]))"
+    assert q["queue_router"] == \
+        'sum(cleave_num_requests_waiting{namespace="ml", llmservice="chat", role="router"})'
+    assert "kv_usage" not in q
+    d = prometheus.queries("ml", "chat", "decode", 30)
+    assert "cleave_time_per_output_token_seconds_bucket" in d["latency_p90"]
+    assert 'role=~"decode|both"' in d["kv_usage"] and "[30s]" in d["token_rate"]
+
+
+def vector(*values: str) -> dict[str, Any]:
+    return {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {}, "value": [1700000000.0, v]} for v in values]}}
+
+
+def test_scalar_of_an_answer() -> None:
+    assert prometheus.scalar(vector("0.25")) == 0.25
+    assert prometheus.scalar(vector()) is None  # no series: nothing scraped recently
+    assert prometheus.scalar(vector("NaN")) is None  # no observations in the window
+    with pytest.raises(prometheus.PrometheusError):
+        prometheus.scalar({"status": "error", "error": "parse error"})
+
+
+@pytest.fixture()
+async def fake_prometheus() -> AsyncIterator[tuple[str, dict[str, dict[str, Any]]]]:
+    """A real HTTP server answering /api/v1/query from a table keyed by the query's metric."""
+    table: dict[str, dict[str, Any]] = {}
+
+    async def query(request: web.Request) -> web.Response:
+        q = request.query["query"]
+        if "fail" in table:
+            return web.Response(status=503)
+        for key, answer in table.items():
+            if key in q:
+                return web.json_response(answer)
+        return web.json_response(vector())
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", table
+    await runner.cleanup()
+
+
+async def test_role_signals_from_prometheus(
+        fake_prometheus: tuple[str, dict[str, dict[str, Any]]]) -> None:
+    url, table = fake_prometheus
+    table.update({"time_per_output_token": vector("0.08"), "generation_tokens": vector("420"),
+                  "kv_cache_usage": vector("0.7"), 'role="router"': vector("2"),
+                  "num_requests_waiting": vector("5")})
+    async with aiohttp.ClientSession() as session:
+        got = await prometheus.role_signals(session, url, "ml", "chat", "decode", 60,
+                                            ready=2, starting=1, pending=0)
+        assert got == RoleSignals(latency_p90=0.08, kv_usage=0.7, queue_depth=7.0,
+                                  token_rate=420.0, ready=2, starting=1, pending=0)
+        # At zero only the router's held requests exist: that demand is the signal.
+        table.clear()
+        table['role="router"'] = vector("3")
+        woken = await prometheus.role_signals(session, url, "ml", "chat", "prefill", 60,
+                                              ready=0, starting=0, pending=0)
+        assert woken is not None and (woken.queue_depth, woken.token_rate) == (3.0, 0.0)
+        # Replicas exist but no series: unknown, never zero.
+        table.clear()
+        unknown = await prometheus.role_signals(session, url, "ml", "chat", "prefill", 60,
+                                                ready=1, starting=0, pending=0)
+        assert unknown == RoleSignals(ready=1)
+        table["fail"] = {}
+        assert await prometheus.role_signals(session, url, "ml", "chat", "prefill", 60,
+                                             ready=1, starting=0, pending=0) is None
+        assert await prometheus.role_signals(session, "http://127.0.0.1:9", "ml", "chat",
+                                             "prefill", 60, ready=1, starting=0, pending=0,
+                                             timeout_s=1.0) is None
