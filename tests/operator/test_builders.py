@@ -102,6 +102,20 @@ def test_router_finds_workers_through_headless_services() -> None:
     assert endpoint(parse_spec(BASE)) == "http://chat-router.ml.svc:8000/v1"
 
 
+def test_router_holds_requests_only_when_roles_can_scale_to_zero() -> None:
+    def router_args(obj: dict[str, Any]) -> list[str]:
+        c = build(obj)["Deployment/chat-router"]["spec"]["template"]["spec"]["containers"][0]
+        return list(c["args"])
+
+    assert "--hold-timeout" not in router_args(BASE)  # no hold: a fast 503 when workers are gone
+    to_zero = copy.deepcopy(BASE)
+    to_zero["spec"]["autoscaling"] = {"scaleToZero": True}
+    args = router_args(to_zero)
+    assert float(args[args.index("--hold-timeout") + 1]) >= 60
+    to_zero["spec"]["autoscaling"]["mode"] = "External"  # nobody here wakes the roles
+    assert "--hold-timeout" not in router_args(to_zero)
+
+
 def test_managed_redis_password_flows_from_its_secret() -> None:
     children = build(BASE)
     assert children["Secret/chat-redis-auth"]["stringData"] == {"password": "pw"}

@@ -151,6 +151,9 @@ def worker_service(spec: LLMServiceSpec, role_name: str, owner: Manifest) -> Man
                      "ports": [{"name": "http", "port": WORKER_PORT}]}}
 
 
+ROUTER_HOLD_SECONDS = 600
+
+
 def router_deployment(spec: LLMServiceSpec, owner: Manifest) -> Manifest:
     r = spec.router
     args = ["router", "--host", "0.0.0.0", "--port", str(r.port), "--model", spec.model_source,
@@ -162,6 +165,10 @@ def router_deployment(spec: LLMServiceSpec, owner: Manifest) -> Manifest:
         args += ["--prefill", f"dns+http://{spec.name}-prefill.{svc}:{WORKER_PORT}"]
     args += ["--decode", f"dns+http://{spec.name}-decode.{svc}:{WORKER_PORT}"]
     args += ["--redis-url", redis_url(spec)]
+    if spec.scale_to_zero and spec.autoscaling_mode == "Cleave":
+        # With no worker running, the router holds requests (and counts them: the demand that
+        # wakes the roles) for as long as a cold start of a GPU pod may take, not a fast 503.
+        args += ["--hold-timeout", str(ROUTER_HOLD_SECONDS)]
     env: list[Manifest] = [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}, *_password_env(spec)]
     if r.api_key_secret is not None:
         env.append({"name": "CLEAVE_API_KEY", "valueFrom": {"secretKeyRef": {

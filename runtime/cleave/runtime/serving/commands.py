@@ -40,7 +40,7 @@ def add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p.set_defaults(func=run_worker)
 
 
-def _secret(path: str | None, env: str) -> str | None:
+def secret(path: str | None, env: str) -> str | None:
     if path:
         return Path(path).read_text().strip()
     return os.environ.get(env) or None
@@ -65,7 +65,7 @@ def run_worker(args: argparse.Namespace) -> int:
             store = RedisBlockStore(
                 KeySpace(args.namespace, engine.engine.root_hash),
                 RedisStoreConfig(url=args.redis_url, timeout_seconds=args.store_timeout,
-                                 password=_secret(args.redis_password_file,
+                                 password=secret(args.redis_password_file,
                                                   "CLEAVE_REDIS_PASSWORD")))
             connector = KVStoreConnector(engine, store, role=args.role)
         elif args.role == "prefill":
@@ -92,6 +92,10 @@ def add_router_policy_arguments(p: argparse.ArgumentParser) -> None:
                    help="beyond this, answer 429 with Retry-After")
     g.add_argument("--api-key-file", default=None,
                    help="require this Bearer key (or set CLEAVE_API_KEY)")
+    g.add_argument("--hold-timeout", type=float, default=None, metavar="SECONDS",
+                   help="scale from zero: hold a request this long for a first ready decode "
+                        "worker instead of answering 503 at once (default 0; 60 with "
+                        "`cleave up --autoscale`)")
 
 
 def router_policy_flags(args: argparse.Namespace) -> list[str]:
@@ -116,7 +120,11 @@ def add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--prefill", action="append", default=[], metavar="URL",
                    help="a prefill worker (repeatable)")
     p.add_argument("--decode", action="append", default=[], metavar="URL",
-                   help="a decode or both-role worker (repeatable; at least one)")
+                   help="a decode or both-role worker (repeatable; at least one, unless "
+                        "--workers-file is given)")
+    p.add_argument("--workers-file", default=None, metavar="FILE",
+                   help='JSON {"prefill": [URL...], "decode": [URL...]}, re-read every second: '
+                        "workers that come and go (cleave up --autoscale writes it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     add_router_policy_arguments(p)
@@ -135,8 +143,12 @@ def run_router(args: argparse.Namespace) -> int:
     from cleave.runtime.serving.router import Router, RouterConfig
 
     setup_logging(f"router:{args.port}")
-    if not args.decode:
-        print("cleave router: error: give at least one --decode worker URL", file=sys.stderr)
+    if not args.decode and not args.workers_file:
+        print("cleave router: error: give at least one --decode worker URL (or --workers-file)",
+              file=sys.stderr)
+        return 2
+    if args.hold_timeout is not None and args.hold_timeout < 0:
+        print("cleave router: error: --hold-timeout must be >= 0", file=sys.stderr)
         return 2
     files = resolve_model(args.model)
     _, shape = load_config(files)
@@ -146,8 +158,9 @@ def run_router(args: argparse.Namespace) -> int:
         kv_load_failure_policy=args.kv_load_failure_policy,
         request_timeout_seconds=args.request_timeout,
         max_concurrent_requests=args.max_concurrent_requests,
-        api_key=_secret(args.api_key_file, "CLEAVE_API_KEY"), redis_url=args.redis_url,
-        redis_password=_secret(args.redis_password_file, "CLEAVE_REDIS_PASSWORD"))
+        api_key=secret(args.api_key_file, "CLEAVE_API_KEY"), redis_url=args.redis_url,
+        redis_password=secret(args.redis_password_file, "CLEAVE_REDIS_PASSWORD"),
+        workers_file=args.workers_file, hold_timeout_seconds=args.hold_timeout or 0.0)
     max_len = min(args.max_model_len or shape.max_position_embeddings,
                   shape.max_position_embeddings)
     router = Router(config, load_tokenizer(files), max_len, shape.vocab_size)

@@ -6,17 +6,24 @@ stream the decode from the decode worker with the most free KV capacity. A prefi
 fails means the decode worker serves the whole request; a decode worker that fails before its
 first token means another one is tried; one that fails mid-stream ends the response with a
 clear error. A client that disconnects cancels the upstream request, which frees its KV.
+
+Scale from zero: with a hold timeout set, a request that finds no decode worker ready waits for
+one (counted in ``cleave_num_requests_waiting{role="router"}``, the demand an autoscaler reads
+to wake a role at zero) instead of failing, and gets a 503 with Retry-After if none turns ready
+in time. The model stays listed throughout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -30,6 +37,7 @@ from cleave.runtime import metrics
 from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving import responses
+from cleave.runtime.serving.membership import parse_members
 from cleave.runtime.serving.openapi import openapi_document
 from cleave.runtime.serving.routing import (
     PathChoice,
@@ -41,6 +49,8 @@ from cleave.runtime.serving.upstream import WorkerPool, WorkerRejected, WorkerUn
 
 log = logging.getLogger("cleave.router")
 REQUEST_ID = web.RequestKey("request_id", str)
+POLL_SECONDS = 1.0  # worker health and membership
+HELD_POLL_SECONDS = 0.2  # while requests wait for a first worker: notice it quickly
 
 
 @dataclass(frozen=True)
@@ -58,10 +68,18 @@ class RouterConfig:
     redis_url: str | None = None
     redis_password: str | None = None
     default_completion_max_tokens: int = 16  # OpenAI's default for /v1/completions
+    # Membership that changes at run time (``cleave up --autoscale``): see membership.py.
+    workers_file: str | None = None
+    # Scale from zero: how long a request may wait for a first ready decode worker. 0: fail
+    # at once with 503, as a router with fixed workers should.
+    hold_timeout_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.decode_urls:
-            raise ValueError("the router needs at least one decode (or both-role) worker")
+        if not self.decode_urls and self.workers_file is None:
+            raise ValueError("the router needs at least one decode (or both-role) worker, "
+                             "or a workers file")
+        if self.hold_timeout_seconds < 0:
+            raise ValueError("hold_timeout_seconds must be >= 0")
         if self.kv_load_failure_policy not in ("recompute", "fail"):
             raise ValueError("kv_load_failure_policy must be 'recompute' or 'fail'")
 
@@ -74,6 +92,10 @@ class Router:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.active = 0
+        self.held = 0  # requests waiting for a first ready decode worker
+        self._wake_poller = asyncio.Event()
+        self._members_error: str | None = None
+        metrics.WAITING.labels("router").set_function(lambda: self.held)
         self.session: aiohttp.ClientSession | None = None
         self._store: RedisBlockStore | None = None
         self.prefill: WorkerPool
@@ -88,6 +110,7 @@ class Router:
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", metrics.metrics_endpoint)
         app.router.add_get("/openapi.json", self.openapi)
+        app.router.add_get("/internal/workers", self.workers)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -96,16 +119,38 @@ class Router:
         self.session = aiohttp.ClientSession()
         self.prefill = WorkerPool(self.config.prefill_urls, self.session)
         self.decode = WorkerPool(self.config.decode_urls, self.session)
+        self._read_members()
         await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
         self._poller = asyncio.create_task(self._poll())
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake_poller.wait(),
+                                       HELD_POLL_SECONDS if self.held else POLL_SECONDS)
+            self._wake_poller.clear()
             try:
+                self._read_members()
                 await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
             except Exception:  # one odd reply must not stop health tracking for good
                 log.exception("refreshing worker state failed; retrying")
+
+    def _read_members(self) -> None:
+        """Re-read the workers file; an unreadable one keeps the last membership (logged once
+        per distinct problem, not every second)."""
+        if self.config.workers_file is None:
+            return
+        try:
+            members = parse_members(Path(self.config.workers_file).read_text())
+        except (OSError, ValueError) as e:
+            problem = f"workers file {self.config.workers_file}: {e}"
+            if problem != self._members_error:
+                log.warning("%s; keeping the last known workers", problem)
+            self._members_error = problem
+            return
+        self._members_error = None
+        self.prefill.set_listed(members["prefill"])
+        self.decode.set_listed(members["decode"])
 
     def _prefix_key(self, ids: list[int]) -> bytes:
         """The prompt's first block hash: prompts sharing it share a prefill worker's cache."""
@@ -144,7 +189,7 @@ class Router:
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         request[REQUEST_ID] = rid
         try:
-            if request.path.startswith("/v1/"):
+            if request.path.startswith(("/v1/", "/internal/")):
                 self._authorize(request)
             response: web.StreamResponse = await handler(request)
         except api.APIError as e:
@@ -180,7 +225,17 @@ class Router:
     async def ready(self, _: web.Request) -> web.Response:
         if await self.decode.any_ready():
             return web.json_response({"status": "ready"})
+        if self.config.hold_timeout_seconds > 0:
+            # Scaled to zero is a normal state: taking requests (and holding them) is what
+            # wakes the workers, so the router must stay in its Service's endpoints.
+            return web.json_response({"status": "ready (holding requests until a decode "
+                                                "worker is ready)"})
         return web.json_response({"status": "no decode worker ready"}, status=503)
+
+    async def workers(self, _: web.Request) -> web.Response:
+        """The router's view of its workers: what ``cleave up`` waits on before it stops one."""
+        return web.json_response({"prefill": self.prefill.describe(),
+                                  "decode": self.decode.describe(), "held": self.held})
 
     async def openapi(self, _: web.Request) -> web.Response:
         return web.json_response(openapi_document([self.config.model]))
@@ -238,9 +293,32 @@ class Router:
     def _token_text(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
 
+    def _decode_ready(self) -> bool:
+        return any(w.healthy for w in self.decode.snapshot())
+
+    async def _hold_for_decode(self, rid: str) -> None:
+        """Scale from zero: wait for a first ready decode worker rather than fail at once."""
+        timeout = self.config.hold_timeout_seconds
+        if timeout <= 0 or self._decode_ready():
+            return
+        log.info("request %s: no decode worker ready; holding it for up to %g s", rid, timeout)
+        deadline = time.monotonic() + timeout
+        self.held += 1
+        self._wake_poller.set()  # poll now, and faster, while anything is held
+        try:
+            while not self._decode_ready():
+                if time.monotonic() >= deadline:
+                    raise api.APIError(
+                        503, f"no decode worker became ready within {timeout:g} s (the service "
+                        "is starting or scaled to zero); retry shortly", "service_unavailable")
+                await asyncio.sleep(0.05)
+        finally:
+            self.held -= 1
+
     async def _generate(self, rid: str, ids: list[int],
                         params: SamplingParams) -> AsyncIterator[dict[str, Any]]:
         cfg = self.config
+        await self._hold_for_decode(rid)
         sampling = asdict(params)
         cached = await self._cached_tokens(ids) if len(ids) >= cfg.disaggregate_min_tokens else 0
         path = choose_path(len(ids), cached, bool(self.prefill), cfg.disaggregate_min_tokens)

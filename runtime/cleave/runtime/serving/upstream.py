@@ -35,10 +35,14 @@ class WorkerRejected(ValueError):
 class _Tracked:
     state: WorkerState
     down_until: float = 0.0
+    # Gone from discovery while requests are still open on it: it gets no new ones, and the
+    # pool forgets it once they finish (a drain, as seen from the router).
+    leaving: bool = False
 
 
 class WorkerPool:
-    """Workers from a static list, and from DNS for ``dns+http://host:port`` entries.
+    """Workers from a static list, from DNS for ``dns+http://host:port`` entries, and from a
+    list the router sets with :meth:`set_listed` (the workers file of ``cleave up``).
 
     A DNS entry (a Kubernetes headless Service) is re-resolved on every refresh, so pods
     that come and go as a role scales are picked up without any Kubernetes API access.
@@ -46,15 +50,39 @@ class WorkerPool:
 
     def __init__(self, urls: Sequence[str], session: aiohttp.ClientSession) -> None:
         self.session = session
-        static = [u.rstrip("/") for u in urls if not u.startswith("dns+")]
+        self._static = {u.rstrip("/") for u in urls if not u.startswith("dns+")}
         self._dns = {u.removeprefix("dns+").rstrip("/"): set[str]() for u in urls
                      if u.startswith("dns+")}
-        self._workers = {u: _Tracked(WorkerState(u)) for u in static}
+        self._listed: set[str] = set()
+        self._workers = {u: _Tracked(WorkerState(u)) for u in self._static}
         # (root hash hex, block size, namespace) of the workers' KV blocks, once one says.
         self.kv_identity: tuple[str, int, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._workers or self._dns)
+
+    def _reconcile(self, known: set[str], found: set[str]) -> set[str]:
+        """Add what one discovery source found, retire what it lost; returns what it now owns.
+        A new worker counts as down until its first poll answers; a lost one that still has
+        requests open stays tracked (but gets no new ones) until they finish."""
+        for url in found:
+            if url not in self._workers:
+                self._workers[url] = _Tracked(WorkerState(url, healthy=False))
+            self._workers[url].leaving = False
+        owned = set(found)
+        for url in known - found:
+            tracked = self._workers.get(url)
+            if tracked is None or url in self._static:
+                continue
+            if tracked.state.inflight == 0:
+                del self._workers[url]
+            else:
+                tracked.leaving = True
+                owned.add(url)  # still streaming: drop it on a later pass
+        return owned
+
+    def set_listed(self, urls: Sequence[str]) -> None:
+        self._listed = self._reconcile(self._listed, {u.rstrip("/") for u in urls})
 
     async def _discover(self) -> None:
         loop = asyncio.get_running_loop()
@@ -69,18 +97,19 @@ class WorkerPool:
             for family, *_, address in infos:
                 host = f"[{address[0]}]" if family == socket.AF_INET6 else str(address[0])
                 found.add(f"{parts.scheme}://{host}:{port}")
-            for url in found - known:
-                self._workers[url] = _Tracked(WorkerState(url))
-            for url in known - found:
-                if self._workers[url].state.inflight == 0:
-                    del self._workers[url]
-                else:
-                    found.add(url)  # gone from DNS but still streaming: drop it later
-            self._dns[template] = found
+            self._dns[template] = self._reconcile(known, found)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What the router knows of each worker, for ``GET /internal/workers``."""
+        now = time.monotonic()
+        return [{"url": u, "healthy": t.state.healthy and now >= t.down_until and not t.leaving,
+                 "inflight": t.state.inflight, "leaving": t.leaving}
+                for u, t in sorted(self._workers.items())]
 
     def snapshot(self) -> list[WorkerState]:
         now = time.monotonic()
-        return [replace(t.state, healthy=t.state.healthy and now >= t.down_until)
+        return [replace(t.state, healthy=t.state.healthy and now >= t.down_until
+                        and not t.leaving)
                 for t in self._workers.values()]
 
     def mark_down(self, url: str) -> None:

@@ -1,0 +1,228 @@
+"""The processes of ``cleave up``: start, watch, restart, drain and stop them.
+
+One :class:`Supervisor` owns every worker and the router. The main thread calls
+:meth:`Supervisor.watch` twice a second (crashes, restarts, readiness); the autoscaler thread
+starts and drains workers. A lock guards the process list, and once :meth:`Supervisor.stop_all`
+has begun nothing new starts, so Ctrl-C cannot race a scale-up into an orphan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cleave.runtime.serving.membership import write_members
+
+MAX_WORKER_RESTARTS = 5  # per worker; a worker that keeps dying takes the platform down
+STARTING, READY, DRAINING = "starting", "ready", "draining"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--model", args.model, "--dtype", args.dtype, "--device", args.device,
+             "--max-num-seqs", str(args.max_num_seqs),
+             "--max-batched-tokens", str(args.max_batched_tokens), "--threads", str(args.threads)]
+    if args.kv_cache_memory:
+        flags += ["--kv-cache-memory", args.kv_cache_memory]
+    if args.max_model_len:
+        flags += ["--max-model-len", str(args.max_model_len)]
+    return flags
+
+
+def answers_ready(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=timeout) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _relay(name: str, proc: subprocess.Popen[bytes]) -> None:
+    """One merged log stream: every line of every process, prefixed with its name."""
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        print(f"[{name:>10}] {raw.decode(errors='replace').rstrip()}", flush=True)
+
+
+@dataclass
+class LocalProcess:
+    name: str
+    role: str  # prefill, decode, both, router
+    url: str
+    command: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] = field(init=False)
+    state: str = STARTING
+    launched_at: float = 0.0
+    restarts: int = 0
+
+    def launch(self) -> None:
+        # Own session: a Ctrl-C in the terminal reaches cleave up alone, which then stops
+        # every child in order instead of all of them dying at once.
+        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.launched_at = time.monotonic()
+        self.state = STARTING
+        threading.Thread(target=_relay, args=(self.name, self.proc), daemon=True).start()
+
+
+class Supervisor:
+    def __init__(self, cli: Sequence[str], env: dict[str, str], worker_args: Sequence[str],
+                 workers_file: Path | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self._cli = list(cli)
+        self._env = env
+        self._worker_args = list(worker_args)  # --redis-url and the engine flags
+        self.workers_file = workers_file
+        self._say = say or (lambda line: print(line, flush=True))
+        self._lock = threading.Lock()
+        self._processes: list[LocalProcess] = []
+        self._next_index: dict[str, int] = {}
+        self._closed = False
+
+    def say(self, line: str) -> None:
+        self._say(f"cleave up: {line}")
+
+    # -- starting ---------------------------------------------------------------------------
+    def spawn_worker(self, role: str) -> LocalProcess:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("stopping: no new workers")
+            index = self._next_index.get(role, 0)
+            self._next_index[role] = index + 1
+            port = free_port()
+            p = LocalProcess(f"{role}-{index}", role, f"http://127.0.0.1:{port}",
+                             [*self._cli, "worker", "--role", role, "--port", str(port),
+                              *self._worker_args], self._env)
+            p.launch()
+            self._processes.append(p)
+            return p
+
+    def start_router(self, command: list[str], url: str) -> LocalProcess:
+        with self._lock:
+            p = LocalProcess("router", "router", url, [*self._cli, *command], self._env)
+            p.launch()
+            self._processes.append(p)
+            return p
+
+    def wait_ready(self, processes: Sequence[LocalProcess], timeout: float) -> None:
+        """Block until each answers /ready; RuntimeError if one exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        pending = list(processes)
+        while pending:
+            for p in list(pending):
+                if p.proc.poll() is not None:
+                    raise RuntimeError(f"{p.name} exited with code {p.proc.returncode}")
+                if answers_ready(p.url):
+                    self._set_state(p, READY)
+                    pending.remove(p)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not ready after {timeout:.0f} s: "
+                                   f"{', '.join(p.name for p in pending)}")
+            time.sleep(0.2)
+
+    # -- views ------------------------------------------------------------------------------
+    def workers(self, roles: Sequence[str], state: str) -> list[LocalProcess]:
+        with self._lock:
+            return [p for p in self._processes if p.role in roles and p.state == state]
+
+    def all(self) -> list[LocalProcess]:
+        with self._lock:
+            return list(self._processes)
+
+    # -- membership -------------------------------------------------------------------------
+    def _set_state(self, p: LocalProcess, state: str) -> None:
+        with self._lock:
+            p.state = state
+            self._publish()
+
+    def _publish(self) -> None:
+        """Tell the router (through the workers file) which workers take requests: the ready
+        ones. Called with the lock held, on every state change."""
+        if self.workers_file is None:
+            return
+        ready = [p for p in self._processes if p.state == READY]
+        write_members(self.workers_file, {
+            "prefill": [p.url for p in ready if p.role == "prefill"],
+            "decode": [p.url for p in ready if p.role in ("decode", "both")]})
+
+    def publish(self) -> None:
+        with self._lock:
+            self._publish()
+
+    def begin_drain(self, p: LocalProcess) -> str:
+        """Take a worker out of the router's list; returns the state it was in. The caller
+        waits for the router to let go of it, then calls :meth:`terminate`."""
+        with self._lock:
+            was = p.state
+            p.state = DRAINING
+            self._publish()
+            return was
+
+    def terminate(self, p: LocalProcess) -> None:
+        if p.proc.poll() is None:
+            p.proc.send_signal(signal.SIGTERM)  # the worker finishes what it has, then exits
+
+    def forget(self, p: LocalProcess) -> None:
+        with self._lock:
+            if p in self._processes:
+                self._processes.remove(p)
+
+    # -- watching ---------------------------------------------------------------------------
+    def watch(self, startup_timeout: float) -> str | None:
+        """Restart crashed workers, mark started ones ready; returns why everything must stop
+        (the router died, a worker kept dying or never got ready), else None."""
+        for p in self.all():
+            if p.state == DRAINING:
+                continue  # its exit is expected; the drain reaps it
+            code = p.proc.poll()
+            if code is not None:
+                if p.role == "router" or p.restarts >= MAX_WORKER_RESTARTS:
+                    return f"{p.name} exited with code {code}"
+                with self._lock:
+                    if p.state == DRAINING or self._closed:
+                        continue
+                    # As Kubernetes restarts a crashed pod: same command, same port, so the
+                    # router takes it back once it is ready again.
+                    p.restarts += 1
+                    self.say(f"{p.name} exited with code {code}; restarting it "
+                             f"({p.restarts}/{MAX_WORKER_RESTARTS})")
+                    p.launch()
+                    self._publish()
+            elif p.state == STARTING:
+                if answers_ready(p.url, timeout=0.5):
+                    self._set_state(p, READY)
+                    self.say(f"{p.name} is ready ({p.url})")
+                elif time.monotonic() - p.launched_at > startup_timeout:
+                    return f"{p.name} not ready after {startup_timeout:.0f} s"
+        return None
+
+    # -- stopping ---------------------------------------------------------------------------
+    def stop_all(self, grace: float = 40.0) -> None:
+        """SIGTERM all, then SIGKILL what outlives the workers' own drain period."""
+        with self._lock:
+            self._closed = True
+            processes = list(self._processes)
+        for p in processes:
+            if p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in processes:
+            try:
+                p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.proc.kill()
+                p.proc.wait()
