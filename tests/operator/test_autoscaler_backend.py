@@ -5,15 +5,21 @@ Prometheus source against a real HTTP server."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import socket
 import sys
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import urllib3
 from aiohttp import web
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -21,7 +27,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kmock_support import KubeEmulator, kube_emulator
 
 from cleave.operator.autoscaler import metrics, prometheus, report
-from cleave.operator.autoscaler.controller import metrics_url, policy_config, seed
+from cleave.operator.autoscaler.controller import (
+    ServiceAutoscaler,
+    Tick,
+    metrics_url,
+    policy_config,
+    seed,
+)
 from cleave.operator.autoscaler.policy import Decision, RoleSignals, decide
 from cleave.operator.kube import Kube
 from cleave.operator.main import run_operator
@@ -61,6 +73,7 @@ def test_autoscaler_options_default_and_parse() -> None:
     ({"intervalSeconds": 30, "windowSeconds": 10}, "windowSeconds 10 < intervalSeconds 30"),
     ({"scaleDownDelaySeconds": -5}, "scaleDownDelaySeconds must be a number >= 0"),
     ({"prometheus": {"url": "prom:9090"}}, r"prometheus needs an http\(s\) url"),
+    ({"dryRun": "false"}, "dryRun must be true or false, got 'false'"),
 ])
 def test_bad_autoscaler_options_are_spec_errors(autoscaling: dict[str, Any],
                                                 message: str) -> None:
@@ -114,6 +127,81 @@ def test_reconcile_creates_an_autoscaled_role_at_min_and_never_writes_it_again(
     assert not kube.scale("default", "gone", 1)  # a missing Deployment is not an error
 
 
+def test_a_stuck_api_server_cannot_hold_a_call_forever() -> None:
+    """The autoscaler loop and the reconcile call the API from threads; the client's default
+    is to wait forever for an answer, which would freeze them for good."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []  # accepted, never answered
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{server.getsockname()[1]}"
+    kube = Kube(client.ApiClient(config), timeout_s=(0.5, 0.5))
+    try:
+        for call in (lambda: kube.pods("default", {"a": "b"}),
+                     lambda: kube.scale("default", "chat-decode", 2),
+                     lambda: kube.get({"apiVersion": "apps/v1", "kind": "Deployment",
+                                       "metadata": {"name": "d", "namespace": "default"}})):
+            outcome: list[BaseException] = []
+
+            def attempt(call: Callable[[], object] = call,
+                        outcome: list[BaseException] = outcome) -> None:
+                try:
+                    call()
+                except BaseException as e:  # inspected below
+                    outcome.append(e)
+
+            worker = threading.Thread(target=attempt, daemon=True)  # a hang fails, not blocks
+            worker.start()
+            worker.join(timeout=20)  # a few bounded retries, not forever
+            assert not worker.is_alive(), "the API call is still waiting"
+            assert len(outcome) == 1 and isinstance(outcome[0], urllib3.exceptions.HTTPError)
+    finally:
+        server.close()
+        for c in held:
+            c.close()
+
+
+class DecodeScaleFails(Kube):
+    """The API refuses one role's scale (a transient 500, an admission webhook)."""
+
+    def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
+        if deployment.endswith("-decode"):
+            raise ApiException(status=500, reason="Internal Server Error")
+        return super().scale(namespace, deployment, replicas)
+
+
+async def test_one_failed_scale_neither_blocks_the_other_role_nor_hides_a_done_one(
+        emu: KubeEmulator) -> None:
+    both = spec_of(AUTO, {"autoscaling": {"minReplicas": 1, "maxReplicas": 4,
+                                          "tpotSeconds": 0.05}})
+    client.CustomObjectsApi(emu.api_client()).create_namespaced_custom_object(
+        "cleave.dev", "v1alpha1", "default", "llmservices", both)
+    obj = emu.get("llmservices", "default", "chat")
+    assert obj is not None
+    await asyncio.to_thread(reconcile, Kube(emu.api_client()), obj)
+    loop = ServiceAutoscaler(DecodeScaleFails(emu.api_client()))
+    tick = Tick((Decision("decode", 1, 3, "tpot asks for 3", {}),
+                 Decision("prefill", 2, 4, "ttft asks for 4", {})),
+                {"decode": 1, "prefill": 2}, {})
+    told: list[tuple[str, str]] = []
+    done = await loop.publish(parse_spec(obj), tick, None, lambda *e: told.append(e))
+    assert [(c.role, c.desired) for c in done] == [("prefill", 4)]
+    assert emu.get("deployments", "default", "chat-prefill")["spec"]["replicas"] == 4  # type: ignore[index]
+    assert emu.get("deployments", "default", "chat-decode")["spec"]["replicas"] == 1  # type: ignore[index]
+    # The scale that happened is told everywhere; the one that did not is not claimed.
+    status = (emu.get("llmservices", "default", "chat") or {})["status"]["autoscaler"]
+    assert [(d["role"], d["desired"]) for d in status["decisions"]] == [("prefill", 4)]
+    assert told == [("ScaledUp", "prefill 2 -> 4: ttft asks for 4")]
+
+
 # --- pods ---------------------------------------------------------------------------------
 
 
@@ -140,6 +228,34 @@ def test_count_pods() -> None:
     # Asked for but not created yet (just scaled up): capacity on its way, not absent.
     assert count_pods(6, pods) == PodCounts(ready=2, starting=3, pending=1)
     assert count_pods(0, []) == PodCounts(0, 0, 0)
+
+
+def test_count_pods_never_exceeds_the_deployments_replicas() -> None:
+    # A rolling update (a reconcile changed the pod template) surges a new pod next to the
+    # old ones: counting it would turn a "hold" into a scale-up at every template change.
+    surge = [pod(), pod(), pod(ready=False)]
+    assert count_pods(2, surge) == PodCounts(ready=2, starting=0, pending=0)
+    assert count_pods(2, [pod(), pod(unschedulable=True), pod(ready=False)]) == PodCounts(
+        ready=1, starting=0, pending=1)
+    # Scaled down, the ReplicaSet not there yet: the Deployment's count is what is current.
+    assert count_pods(1, [pod(), pod()]) == PodCounts(ready=1, starting=0, pending=0)
+    for replicas in range(5):
+        for pods in (surge, [pod(), pod(unschedulable=True)], []):
+            c = count_pods(replicas, pods)
+            assert c.ready + c.starting + c.pending == replicas
+
+
+def test_a_hold_during_a_rolling_update_is_not_a_change() -> None:
+    """The policy's current is ready + starting + pending; a hold must equal the Deployment's
+    replicas, or report.changes would scale the surge in."""
+    spec = parse_spec(spec_of(AUTO, {"replicas": 1}))
+    c = count_pods(3, [pod(), pod(), pod(), pod(ready=False)])  # 3 old + 1 surge pod
+    hold = RoleSignals(latency_p90=None, ready=c.ready, starting=c.starting, pending=c.pending)
+    out, _ = decide(0.0, {"prefill": hold, "decode": RoleSignals(ready=1)}, policy_config(spec),
+                    seed(0.0, {"prefill": 3, "decode": 1}))
+    prefill = next(d for d in out if d.role == "prefill")
+    assert prefill.desired == 3
+    assert report.changes([prefill], {"prefill": 3}, None, dry_run=False) == []
 
 
 def test_metrics_url_of_a_ready_pod_only() -> None:
@@ -241,8 +357,14 @@ def test_desired_gauge_keeps_one_series_per_role() -> None:
     metrics.count_decision("m1", "ns", "decode", "up", advisory=False)
     assert REGISTRY.get_sample_value("cleave_autoscaler_decisions_total", {
         **labels, "direction": "up", "advisory": "false"}) == 1
-    metrics.forget("m1", "ns")
+    metrics.set_desired("m1", "ns", "prefill", 1, advisory=False)
+    metrics.forget("m1", "ns", keep=["prefill"])  # decode is no longer autoscaled
     assert REGISTRY.get_sample_value(gauge, {**labels, "advisory": "false"}) is None
+    assert REGISTRY.get_sample_value(gauge, {**labels, "role": "prefill",
+                                             "advisory": "false"}) == 1
+    metrics.forget("m1", "ns")
+    assert REGISTRY.get_sample_value(gauge, {**labels, "role": "prefill",
+                                             "advisory": "false"}) is None
 
 
 def test_bad_metrics_port_is_refused_before_anything_starts(

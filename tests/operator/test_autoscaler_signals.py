@@ -12,10 +12,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from cleave.operator.autoscaler.signals import (
     SignalCollector,
+    Target,
+    collect,
     histogram_quantile,
     parse_metrics,
     scrape,
 )
+from cleave.operator.status import PodCounts
 
 BUCKETS = (0.1, 0.2, 0.5, 1.0, 2.0)
 
@@ -128,6 +131,17 @@ def test_first_scrape_is_no_window_and_failed_scrape_is_stale() -> None:
     assert c.role_signals("prefill", 70.0, ready=1, starting=0, pending=0).token_rate is None
 
 
+def test_failed_scrape_after_the_baseline_keeps_the_baseline() -> None:
+    c = SignalCollector(window_s=20, stale_after_s=60)
+    w = FakeWorker("decode")
+    _feed(c, "d0", w, 0.0)
+    c.record("d0", "decode", 10.0, None)
+    w.gen.inc(400)
+    _feed(c, "d0", w, 40.0)  # the answer at 0 is still the newest one a window old
+    s = c.role_signals("decode", 40.0, ready=1, starting=0, pending=0)
+    assert s.token_rate == pytest.approx(10.0)
+
+
 def test_window_slides_so_old_slowness_ages_out() -> None:
     c = SignalCollector(window_s=20, stale_after_s=20)
     w = FakeWorker("prefill")
@@ -208,4 +222,48 @@ async def test_scrape_real_http_server() -> None:
             assert loop.time() - start < 2.0
             assert await scrape(session, "http://127.0.0.1:1/metrics", 1.0) is None
     finally:
+        await runner.cleanup()
+
+
+async def test_collect_is_one_interval_of_either_backend() -> None:
+    """Scrape all targets at once (bounded), failures as stale, vanished targets forgotten."""
+    decode, router = FakeWorker("decode"), FakeWorker("router")
+    decode.kv.set(0.5)
+    router.waiting.set(3)  # requests the router holds
+    hung = asyncio.Event()
+
+    async def metrics_of(request: web.Request) -> web.Response:
+        return web.Response(text=(decode if request.path == "/decode" else router).text())
+
+    async def never(_: web.Request) -> web.Response:
+        await hung.wait()
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_get("/decode", metrics_of)
+    app.router.add_get("/router", metrics_of)
+    app.router.add_get("/hung", never)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    c = SignalCollector(window_s=60, stale_after_s=30)
+    counts = {"decode": PodCounts(ready=2)}
+    try:
+        async with aiohttp.ClientSession() as session:
+            targets = [Target("d1", "decode", f"{base}/decode"),
+                       Target("d2", "both", f"{base}/hung"),  # "both" counts as decode
+                       Target("r1", "router", f"{base}/router")]
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            got = await collect(c, session, targets, counts, 0.0, timeout_s=0.5)
+            assert loop.time() - start < 3.0  # concurrently, each bounded
+            # The hung pod is stale, not idle: only d1's KV usage, both queues summed.
+            assert got["decode"].kv_usage == 0.5 and got["decode"].queue_depth == 3
+            assert got["decode"].ready == 2
+            got = await collect(c, session, targets[:1], counts, 1.0, timeout_s=0.5)
+            assert got["decode"].queue_depth == 0  # the router is gone: forgotten
+    finally:
+        hung.set()
         await runner.cleanup()

@@ -9,7 +9,9 @@ import statistics
 from pathlib import Path
 
 import pytest
+from matplotlib.figure import Figure
 
+from cleave.runtime.loadgen import plots
 from cleave.runtime.loadgen.arrivals import (
     ClosedLoop,
     OpenLoop,
@@ -270,3 +272,14 @@ def test_progress_lines() -> None:
     tty = io.StringIO()
     Progress(total=2, duration=None, stream=tty, tty=True).draw()
     assert tty.getvalue().startswith("\r[")
+
+
+def test_cdf_plot_marks_the_percentiles_the_report_gives() -> None:
+    """The dashed lines of latency_cdf.png sit where report.json's p50 and p99 are."""
+    values = [i / 1000.0 for i in range(1, 11)]  # 1..10 ms
+    ax = Figure().subplots()
+    plots._cdf(ax, "TTFT", values, slo_ms=7.0)
+    marks = {line.get_label(): float(line.get_xdata()[0]) for line in ax.lines
+             if line.get_label() in ("p50", "p99", "SLO")}
+    assert marks == {"p50": pytest.approx(5.5), "p99": pytest.approx(9.91), "SLO": 7.0}
+    assert marks["p99"] == pytest.approx(percentile(sorted(v * 1000 for v in values), 99))

@@ -22,6 +22,9 @@ log = logging.getLogger("cleave.operator")
 GROUP, VERSION, PLURAL = "cleave.dev", "v1alpha1", "llmservices"
 MERGE_PATCH = "application/merge-patch+json"
 _APIS = {"v1": client.CoreV1Api, "apps/v1": client.AppsV1Api}
+# Every call is bounded: the client's default waits forever on a stuck API server, which would
+# freeze a reconcile thread or an autoscaler loop for good. (connect, read) seconds.
+REQUEST_TIMEOUT_S = (5.0, 30.0)
 
 
 def contains(actual: Any, wanted: Any) -> bool:
@@ -40,14 +43,17 @@ def _snake(kind: str) -> str:
 
 
 class Kube:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient,
+                 timeout_s: tuple[float, float] = REQUEST_TIMEOUT_S) -> None:
         self.api_client = api_client
+        self.timeout_s = timeout_s
         self.writes = 0  # API writes made: an idle reconcile must leave this unchanged
 
     def _call(self, verb: str, obj: Mapping[str, Any], **kwargs: Any) -> Any:
         api = _APIS[obj["apiVersion"]](self.api_client)
         method = getattr(api, f"{verb}_namespaced_{_snake(obj['kind'])}")
-        return method(namespace=obj["metadata"]["namespace"], **kwargs)
+        return method(namespace=obj["metadata"]["namespace"], _request_timeout=self.timeout_s,
+                      **kwargs)
 
     def get(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         try:
@@ -92,7 +98,8 @@ class Kube:
         try:
             client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
                 deployment, namespace, {"spec": {"replicas": replicas}},
-                _content_type=MERGE_PATCH, _preload_content=False)
+                _content_type=MERGE_PATCH, _preload_content=False,
+                _request_timeout=self.timeout_s)
         except ApiException as e:
             if e.status == 404:
                 return False
@@ -103,7 +110,8 @@ class Kube:
     def pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         label_selector = ",".join(f"{k}={v}" for k, v in selector.items())
         found: Any = client.CoreV1Api(self.api_client).list_namespaced_pod(
-            namespace, label_selector=label_selector, _preload_content=False)
+            namespace, label_selector=label_selector, _preload_content=False,
+            _request_timeout=self.timeout_s)
         return list(json.loads(found.data).get("items", []))
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
@@ -117,5 +125,5 @@ class Kube:
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)},
-            _content_type=MERGE_PATCH)
+            _content_type=MERGE_PATCH, _request_timeout=self.timeout_s)
         self.writes += 1

@@ -178,13 +178,16 @@ def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
                 ("http://", "https://")):
             raise SpecError(f"{where}.prometheus needs an http(s) url")
         url = str(prometheus["url"])
+    dry_run = raw.get("dryRun", False)
+    if not isinstance(dry_run, bool):  # bool("false") is True: a quoted YAML value would act
+        raise SpecError(f"{where}.dryRun must be true or false, got {dry_run!r}")
     interval = _seconds(raw, "intervalSeconds", 15.0, where)
     window = _seconds(raw, "windowSeconds", 60.0, where)
     if window < interval:  # a window must hold two scrapes to have a delta at all
         raise SpecError(f"{where}.windowSeconds {window:g} < intervalSeconds {interval:g}")
     return AutoscalerOptions(
         interval_seconds=interval, window_seconds=window, scale_down_delay_seconds=float(delay),
-        dry_run=bool(raw.get("dryRun", False)), prometheus_url=url)
+        dry_run=dry_run, prometheus_url=url)
 
 
 def parse_spec(obj: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> LLMServiceSpec:

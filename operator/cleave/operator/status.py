@@ -71,14 +71,24 @@ def live_pods(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def count_pods(replicas: int, pods: Sequence[Mapping[str, Any]]) -> PodCounts:
-    """Ready / starting / pending pods of a role whose Deployment asks for ``replicas``. Pods the
-    ReplicaSet has not created yet count as starting: just after a scale-up they do not exist,
-    and reading them as absent would let the next decision undo the scale-up."""
+    """Ready / starting / pending pods of a role whose Deployment asks for ``replicas``; they
+    always add up to ``replicas``, the count the autoscaler compares its decisions with.
+
+    Pods the ReplicaSet has not created yet count as starting: just after a scale-up they do
+    not exist, and reading them as absent would let the next decision undo the scale-up. Pods
+    beyond ``replicas`` are a rolling update's surge (or a scale-down not yet carried out):
+    counting them would make a plain "hold" ask for more replicas at every template change, so
+    the surplus is taken from the starting pods first (a surge pod is new), then the pending,
+    then the ready ones."""
     live = live_pods(pods)
     ready = sum(1 for p in live if is_ready(p))
     pending = sum(1 for p in live if not is_ready(p) and _unschedulable(p) is not None)
     starting = len(live) - ready - pending + max(0, replicas - len(live))
-    return PodCounts(ready, starting, pending)
+    surplus = max(0, ready + starting + pending - replicas)
+    for_starting = min(surplus, starting)
+    for_pending = min(surplus - for_starting, pending)
+    return PodCounts(ready - (surplus - for_starting - for_pending), starting - for_starting,
+                     pending - for_pending)
 
 
 def _condition(kind: str, ok: bool, reason: str, message: str, generation: int,

@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from cleave.operator import builders
 from cleave.operator.autoscaler import metrics, prometheus, report
@@ -35,7 +37,7 @@ from cleave.operator.autoscaler.policy import (
     config_from_spec,
     decide,
 )
-from cleave.operator.autoscaler.signals import ROUTER, SignalCollector, scrape
+from cleave.operator.autoscaler.signals import ROUTER, SignalCollector, Target, collect
 from cleave.operator.kube import Kube
 from cleave.operator.spec import LLMServiceSpec, SpecError, parse_spec
 from cleave.operator.status import PodCounts, count_pods, is_ready, live_pods
@@ -135,16 +137,10 @@ class ServiceAutoscaler:
     async def _scraped(self, spec: LLMServiceSpec, session: aiohttp.ClientSession,
                        views: Mapping[str, RoleView], counts: Mapping[str, PodCounts],
                        now: float) -> dict[str, RoleSignals]:
-        collector = self._collector(spec)
-        targets = [(role, str(p["metadata"]["name"]), url) for role, v in views.items()
+        targets = [Target(str(p["metadata"]["name"]), role, url) for role, v in views.items()
                    for p in live_pods(v.pods) if (url := metrics_url(p)) is not None]
-        answers = await asyncio.gather(*(scrape(session, url, self.scrape_timeout_s)
-                                         for _, _, url in targets))
-        for (role, pod, _), answer in zip(targets, answers, strict=True):
-            collector.record(pod, role, now, answer)
-        collector.forget(pod for _, pod, _ in targets)
-        return {r: collector.role_signals(r, now, ready=c.ready, starting=c.starting,
-                                          pending=c.pending) for r, c in counts.items()}
+        return await collect(self._collector(spec), session, targets, counts, now,
+                             self.scrape_timeout_s)
 
     async def _from_prometheus(self, spec: LLMServiceSpec, session: aiohttp.ClientSession,
                                counts: Mapping[str, PodCounts]) -> dict[str, RoleSignals]:
@@ -190,13 +186,13 @@ class ServiceAutoscaler:
         found = report.changes(tick.decisions, tick.replicas, previous, dry)
         done = []
         for change in found:
-            if change.act and not await asyncio.to_thread(
-                    self.kube.scale, spec.namespace, f"{spec.name}-{change.role}",
-                    change.desired):
-                continue  # the Deployment is gone: the next reconcile recreates it
+            if change.act and not await self._scale(spec, change):
+                continue  # not scaled: the next tick finds the same change and tries again
             done.append(change)
         for d in tick.decisions:
             metrics.set_desired(spec.name, spec.namespace, d.role, d.desired, dry)
+        # A role no longer autoscaled keeps no frozen desired-replicas series behind.
+        metrics.forget(spec.name, spec.namespace, keep=[d.role for d in tick.decisions])
         if report.needs_write(previous, done, dry):
             block = report.status_block(previous, done, {d.role: d.desired
                                                          for d in tick.decisions},
@@ -210,6 +206,21 @@ class ServiceAutoscaler:
             metrics.count_decision(spec.name, spec.namespace, change.role, change.direction,
                                    not change.act)
         return done
+
+    async def _scale(self, spec: LLMServiceSpec, change: report.Change) -> bool:
+        """Scale one role's Deployment; False if that did not happen. One role's failure must
+        not cost the other role its scale, nor a scale already made its status, Event and log
+        (the next tick would find nothing left to change and never tell it)."""
+        name = f"{spec.name}-{change.role}"
+        try:
+            if await asyncio.to_thread(self.kube.scale, spec.namespace, name, change.desired):
+                return True
+            reason = "the Deployment is gone (the next reconcile recreates it)"
+        except (ApiException, urllib3.exceptions.HTTPError) as e:
+            reason = f"{type(e).__name__}: {str(e).strip()[:200]}"
+        log.warning("%s/%s: cannot scale %s to %d: %s", spec.namespace, spec.name, name,
+                    change.desired, reason)
+        return False
 
     async def run_once(self, obj: Mapping[str, Any], session: aiohttp.ClientSession,
                        now: float, post_event: PostEvent) -> float:

@@ -7,6 +7,8 @@ both.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge
 
 DESIRED = Gauge(
@@ -39,8 +41,10 @@ def count_decision(service: str, namespace: str, role: str, direction: str,
     DECISIONS.labels(service, namespace, role, direction, _flag(advisory)).inc()
 
 
-def forget(service: str, namespace: str) -> None:
-    """Drop a deleted (or no longer autoscaled) service's desired-replicas series."""
-    for labels in [s for s in _shown if s[:2] == (service, namespace)]:
+def forget(service: str, namespace: str, keep: Iterable[str] = ()) -> None:
+    """Drop a deleted (or no longer autoscaled) service's desired-replicas series, all but
+    those of the roles in ``keep`` (the ones still autoscaled)."""
+    kept = set(keep)
+    for labels in [s for s in _shown if s[:2] == (service, namespace) and s[2] not in kept]:
         _shown.discard(labels)
         DESIRED.remove(*labels)

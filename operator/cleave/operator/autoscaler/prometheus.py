@@ -34,6 +34,11 @@ class PrometheusError(RuntimeError):
     """The server did not answer a query with a vector."""
 
 
+# What a server that is down, slow or odd can cause: the signals are then missing.
+_FAILURES = (TimeoutError, aiohttp.ClientError, PrometheusError, ValueError, KeyError,
+             IndexError, TypeError)
+
+
 def queries(namespace: str, service: str, role: str, window_s: float) -> dict[str, str]:
     """The PromQL of each signal of ``role`` (pure, so the exact text is tested)."""
     sel = f'namespace="{namespace}", llmservice="{service}"'
@@ -82,12 +87,17 @@ async def role_signals(session: aiohttp.ClientSession, url: str, namespace: str,
                        timeout_s: float = 5.0) -> RoleSignals | None:
     """One role's signals from Prometheus at ``url``; None if the server failed."""
     asked = queries(namespace, service, role, window_s)
-    try:
-        values = dict(zip(asked, await asyncio.gather(
-            *(_query(session, url, q, timeout_s) for q in asked.values())), strict=True))
-    except (TimeoutError, aiohttp.ClientError, PrometheusError, ValueError, KeyError,
-            IndexError, TypeError):
-        return None
+    # Every query runs to its end (each is bounded): a plain gather would leave the others
+    # running unowned after the first failure.
+    answers = await asyncio.gather(*(_query(session, url, q, timeout_s)
+                                     for q in asked.values()), return_exceptions=True)
+    values: dict[str, float | None] = {}
+    for key, answer in zip(asked, answers, strict=True):
+        if isinstance(answer, _FAILURES):
+            return None
+        if isinstance(answer, BaseException):
+            raise answer
+        values[key] = answer
     own, held = values["queue_role"], values["queue_router"]
     if own is not None:
         queue: float | None = own + (held or 0.0)

@@ -1,6 +1,7 @@
-"""Explainability of the Kubernetes autoscaler: pure functions from policy decisions to what is
-published — which decisions count as a change, the ``status.autoscaler`` block, the Event and
-the log line.
+"""Explainability of the autoscaler: pure functions from policy decisions to what is published —
+which decisions count as a change, the ``status.autoscaler`` block, the Event and the log line.
+Both scale backends use them: the operator (status, Events, logs) and ``cleave up --autoscale``
+(its log), so the two tell and act on the same decisions in the same words.
 
 Only a change of a role's desired replicas is published, never a tick: an idle service makes no
 API writes, and the last decisions in the status stay the ones that mattered.
@@ -94,9 +95,12 @@ def event(change: Change) -> tuple[str, str]:
                   f"{change.decision.reason}")
 
 
-def log_line(service: str, change: Change) -> str:
-    """One line with everything behind a change, inputs included, for ``kubectl logs``."""
+def log_line(service: str, change: Change, role: str | None = None) -> str:
+    """One line with everything behind a change, inputs included, for ``kubectl logs`` and
+    ``cleave up``'s log. ``service`` may be empty (one platform per ``cleave up``); ``role``
+    names the role as the backend runs it (``cleave up``'s colocated workers are ``both``)."""
     inputs = " ".join(f"{k}={v}" for k, v in sorted(change.decision.inputs.items()))
     mode = "advisory" if not change.act else "scale"
-    return (f"autoscaler {mode} {service} {change.role} {change.current} -> {change.desired}"
+    who = " ".join(w for w in (service, role or change.role) if w)
+    return (f"autoscaler {mode} {who} {change.current} -> {change.desired}"
             f" ({change.decision.reason}) {inputs}")

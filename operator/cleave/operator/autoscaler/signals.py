@@ -12,16 +12,18 @@ data is ``None`` all the way into the policy, which holds rather than reading it
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from cleave.operator.autoscaler.policy import DECODE, PREFILL, RoleSignals
+from cleave.operator.status import PodCounts
 
 ROUTER = "router"
 TTFT = "cleave_time_to_first_token_seconds"
@@ -137,8 +139,12 @@ class SignalCollector:
         _, history = self._pods.setdefault(pod, (role, deque()))
         self._pods[pod] = (role, history)
         history.append(_Scrape(now, metrics))
-        # Keep one scrape older than the window: it is the baseline of the windowed delta.
-        while len(history) > 2 and history[1].at <= now - self.window_s:
+        # Keep the newest *answered* scrape at least a window old: it is the baseline of the
+        # windowed delta (a failed scrape after it must not push it out). Older ones, and failed
+        # scrapes before it, carry nothing.
+        old = [i for i, s in enumerate(history)
+               if s.metrics is not None and s.at <= now - self.window_s]
+        for _ in range(old[-1] if old else 0):
             history.popleft()
 
     def forget(self, live_pods: Iterable[str]) -> None:
@@ -248,3 +254,26 @@ async def scrape(session: aiohttp.ClientSession, url: str, timeout_s: float) -> 
             return parse_metrics(await resp.text())
     except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError):
         return None
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ``/metrics`` endpoint of a scale backend: a pod, or a ``cleave up`` process."""
+
+    name: str  # unique among the targets: the collector's key for its history
+    role: str  # prefill, decode, both or router
+    url: str  # the full URL of its /metrics
+
+
+async def collect(collector: SignalCollector, session: aiohttp.ClientSession,
+                  targets: Sequence[Target], counts: Mapping[str, PodCounts], now: float,
+                  timeout_s: float) -> dict[str, RoleSignals]:
+    """One interval of either scale backend: scrape every target at once (each bounded by
+    ``timeout_s``), record the answers (a failure as stale data), forget what is no longer a
+    target, and return the signals of each role in ``counts`` with its replica counts."""
+    answers = await asyncio.gather(*(scrape(session, t.url, timeout_s) for t in targets))
+    for target, answer in zip(targets, answers, strict=True):
+        collector.record(target.name, target.role, now, answer)
+    collector.forget(t.name for t in targets)
+    return {role: collector.role_signals(role, now, ready=c.ready, starting=c.starting,
+                                         pending=c.pending) for role, c in counts.items()}

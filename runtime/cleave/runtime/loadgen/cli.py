@@ -46,30 +46,35 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     t.add_argument("--model", help="model name to request (default: the first of GET /v1/models)")
     t.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)")
-    t.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
-    t.add_argument("--timeout", type=float, default=300.0,
+    t.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="completions: POST /v1/completions with a prompt; chat: POST "
+                        "/v1/chat/completions, the prompt as one user message "
+                        "(default %(default)s)")
+    t.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="seconds for one whole request before it counts as a timeout "
                         "(default %(default)s)")
     load = p.add_argument_group("load (default: --concurrency 1)")
     how = load.add_mutually_exclusive_group()
-    how.add_argument("--rate", type=float, help="open loop: requests per second on average")
-    how.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
+    how.add_argument("--rate", type=float, metavar="REQ_PER_S",
+                     help="open loop: requests per second on average")
+    how.add_argument("--concurrency", type=int, metavar="N",
+                     help="closed loop: requests kept in flight")
     load.add_argument("--arrivals", choices=("poisson", "bursty"), default="poisson",
                       help="with --rate: Poisson, or bursty gamma-distributed gaps")
-    load.add_argument("--burstiness", type=float, default=None,
+    load.add_argument("--burstiness", type=float, default=None, metavar="SHAPE",
                       help="gamma shape of the gaps for --arrivals bursty; below 1 is burstier "
                            f"(default {DEFAULT_BURSTINESS}; 1 would be Poisson)")
-    load.add_argument("--num-requests", type=int, default=None,
+    load.add_argument("--num-requests", type=int, default=None, metavar="N",
                       help=f"requests to send (default {DEFAULT_NUM_REQUESTS}, "
                            "or unlimited with --duration)")
-    load.add_argument("--duration", type=float, default=None,
+    load.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                       help="seconds to keep sending (with --num-requests: whichever ends first)")
     load.add_argument("--seed", type=int, default=0, help="for arrivals and prompts (default 0)")
     w = p.add_argument_group("workload")
-    w.add_argument("--prompt-len", default=None,
+    w.add_argument("--prompt-len", default=None, metavar="LEN",
                    help="synthetic prompt length in words: N, fixed:N or uniform:A-B "
                         "(default 128)")
-    w.add_argument("--output-len", default="64",
+    w.add_argument("--output-len", default="64", metavar="LEN",
                    help="max_tokens per request: N, fixed:N or uniform:A-B (default 64)")
     w.add_argument("--prompts", type=Path, default=None, metavar="FILE.jsonl",
                    help='prompts file, one {"prompt": ...} or {"messages": [...]} per line, '

@@ -13,7 +13,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from cleave.runtime.loadgen.record import RequestRecord
+from cleave.runtime.loadgen.record import CANCELLED, RequestRecord
+from cleave.runtime.loadgen.report import percentile
 
 LATENCY_CDF = "latency_cdf.png"
 THROUGHPUT = "throughput_over_time.png"
@@ -39,9 +40,9 @@ def _cdf(ax: Any, title: str, values_s: Sequence[float], slo_ms: float | None) -
         return
     ys = [(i + 1) / len(ms) for i in range(len(ms))]
     ax.step(ms, ys, where="post")
-    for q, style in ((0.5, ":"), (0.99, "--")):
-        x = ms[min(len(ms) - 1, int(q * len(ms)))]
-        ax.axvline(x, color="gray", linestyle=style, linewidth=1, label=f"p{round(q * 100)}")
+    for q, style in ((50, ":"), (99, "--")):  # the report's percentiles, to the digit
+        ax.axvline(percentile(ms, q), color="gray", linestyle=style, linewidth=1,
+                   label=f"p{q}")
     if slo_ms is not None:
         ax.axvline(slo_ms, color="red", linewidth=1.2, label="SLO")
     ax.legend(loc="lower right", fontsize=8)
@@ -93,7 +94,7 @@ def throughput_over_time(timeline: Sequence[dict[str, float]], path: Path) -> Pa
 
 def latency_over_time(records: Sequence[RequestRecord], path: Path) -> Path:
     ok = [r for r in records if r.ok]
-    failed = [r for r in records if not r.ok]
+    failed = [r for r in records if not r.ok and r.error != CANCELLED]  # as the report counts
     fig = Figure(figsize=(10, 6))
     top, bottom = fig.subplots(2, 1, sharex=True)
     top.scatter([r.start for r in ok if r.ttft is not None],

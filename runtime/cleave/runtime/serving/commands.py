@@ -59,7 +59,7 @@ def run_worker(args: argparse.Namespace) -> int:
     config = engine_config(args)
     engine = AsyncEngine(LLMEngine(config))
 
-    async def main() -> None:
+    async def main() -> int:
         connector = None
         if args.redis_url:
             store = RedisBlockStore(
@@ -71,11 +71,10 @@ def run_worker(args: argparse.Namespace) -> int:
         elif args.role == "prefill":
             logging.warning("a prefill worker without --redis-url cannot hand KV to decode "
                             "workers; they will recompute")
-        await serve(Worker(engine, args.role, connector), args.host, args.port,
-                    args.grace_period)
+        return await serve(Worker(engine, args.role, connector), args.host, args.port,
+                           args.grace_period)
 
-    asyncio.run(main())
-    return 0
+    return asyncio.run(main())
 
 
 def add_router_policy_arguments(p: argparse.ArgumentParser) -> None:

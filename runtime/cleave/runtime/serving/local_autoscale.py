@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from cleave.operator.autoscaler import report
 from cleave.operator.autoscaler.policy import (
     DECODE,
     PREFILL,
@@ -31,7 +32,8 @@ from cleave.operator.autoscaler.policy import (
     ScalingState,
     decide,
 )
-from cleave.operator.autoscaler.signals import SignalCollector, scrape
+from cleave.operator.autoscaler.signals import SignalCollector, Target, collect
+from cleave.operator.status import PodCounts
 from cleave.runtime.serving.local_processes import READY, STARTING, LocalProcess, Supervisor
 
 DEFAULT_HOLD_SECONDS = 60.0  # a local cold start takes seconds; leave room on a busy machine
@@ -153,13 +155,6 @@ def describe_settings(s: AutoscaleSettings) -> str:
             f"{s.hold_timeout_s:g} s while no decode worker is ready")
 
 
-def format_decision(d: Decision, worker_role: str, advisory: bool) -> str:
-    """One log line: what, why, and the inputs behind it."""
-    inputs = " ".join(f"{k}={v}" for k, v in d.inputs.items())
-    tag = "autoscale (advisory, not applied)" if advisory else "autoscale"
-    return f"{tag} {worker_role} {d.current} -> {d.desired}: {d.reason} [{inputs}]"
-
-
 class LocalAutoscaler:
     def __init__(self, settings: AutoscaleSettings, supervisor: Supervisor, router_url: str,
                  api_key: str | None, drain_timeout_s: float) -> None:
@@ -172,7 +167,8 @@ class LocalAutoscaler:
         self.collector = SignalCollector(settings.metrics_window_s,
                                          stale_after_s=max(10.0, 3 * settings.interval_s))
         self.state = ScalingState()
-        self._logged: dict[str, tuple[int, int]] = {}
+        # What the operator keeps in status.autoscaler, in memory: which decisions were told.
+        self.told: dict[str, Any] | None = None
         self._drains: set[asyncio.Task[None]] = set()
 
     def start(self, stop: threading.Event) -> threading.Thread:
@@ -183,41 +179,51 @@ class LocalAutoscaler:
 
     async def _run(self, stop: threading.Event) -> None:
         async with aiohttp.ClientSession() as session:
-            while not stop.is_set():
-                try:
-                    await self.tick(session)
-                except Exception:  # one bad interval must not end autoscaling for good
-                    self.sup.say(f"autoscale interval failed:\n{traceback.format_exc()}")
-                deadline = time.monotonic() + self.settings.interval_s
-                while not stop.is_set() and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
+            try:
+                while not stop.is_set():
+                    try:
+                        await self.tick(session)
+                    except Exception:  # one bad interval must not end autoscaling for good
+                        self.sup.say(f"autoscale interval failed:\n{traceback.format_exc()}")
+                    deadline = time.monotonic() + self.settings.interval_s
+                    while not stop.is_set() and time.monotonic() < deadline:
+                        await asyncio.sleep(0.05)
+            finally:
+                # Drains still waiting on the router end here, while their session is open;
+                # stopping cleave up SIGTERMs (and reaps) every worker anyway.
+                for task in list(self._drains):
+                    task.cancel()
+                await asyncio.gather(*self._drains, return_exceptions=True)
 
     async def tick(self, session: aiohttp.ClientSession) -> tuple[Decision, ...]:
         roles = self.settings.worker_roles
         ready = {r: self.sup.workers([w], READY) for r, w in roles.items()}
         starting = {r: self.sup.workers([w], STARTING) for r, w in roles.items()}
-        pods = [p for r in roles for p in ready[r]]
-        pods += [p for p in self.sup.all() if p.role == "router"]
-        timeout = min(2.0, self.settings.interval_s)
-        scraped = await asyncio.gather(*(scrape(session, p.url + "/metrics", timeout)
-                                         for p in pods))
+        # The router's held requests are the demand of a role at zero: scrape it too.
+        scraped = [*(p for r in roles for p in ready[r]),
+                   *(p for p in self.sup.all() if p.role == "router")]
         now = time.monotonic()
-        for p, metrics in zip(pods, scraped, strict=True):
-            self.collector.record(p.name, p.role, now, metrics)
-        self.collector.forget(p.name for p in pods)
-        signals = {r: self.collector.role_signals(r, now, ready=len(ready[r]),
-                                                  starting=len(starting[r]), pending=0)
-                   for r in roles}
+        signals = await collect(
+            self.collector, session, [Target(p.name, p.role, p.url + "/metrics")
+                                      for p in scraped],
+            {r: PodCounts(ready=len(ready[r]), starting=len(starting[r])) for r in roles},
+            now, timeout_s=min(2.0, self.settings.interval_s))
         decisions, self.state = decide(now, signals, self.settings.policy, self.state)
-        for d in decisions:
-            if d.desired == d.current:
-                self._logged.pop(d.role, None)
-                continue
-            if self._logged.get(d.role) != (d.current, d.desired):  # once, not every interval
-                self.sup.say(format_decision(d, roles[d.role], self.settings.advisory))
-                self._logged[d.role] = (d.current, d.desired)
-            if not self.settings.advisory:
-                self._apply(session, d, ready[d.role], starting[d.role])
+        advisory = self.settings.advisory
+        # The operator's rule for what to tell (and act on): a desired count that differs
+        # from the current one; in advisory mode, from the last one told, so a standing
+        # recommendation is logged once.
+        found = report.changes(decisions, {d.role: d.current for d in decisions}, self.told,
+                               advisory)
+        for change in found:
+            self.sup.say(report.log_line("", change, role=roles[change.role]))
+            if change.act:
+                self._apply(session, change.decision, ready[change.role],
+                            starting[change.role])
+        if report.needs_write(self.told, found, advisory):
+            self.told = report.status_block(
+                self.told, found, {d.role: d.desired for d in decisions}, advisory,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         return decisions
 
     def _apply(self, session: aiohttp.ClientSession, d: Decision,

@@ -127,7 +127,7 @@ class Supervisor:
                 if p.proc.poll() is not None:
                     raise RuntimeError(f"{p.name} exited with code {p.proc.returncode}")
                 if answers_ready(p.url):
-                    self._set_state(p, READY)
+                    self.mark_ready(p)
                     pending.remove(p)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not ready after {timeout:.0f} s: "
@@ -144,10 +144,17 @@ class Supervisor:
             return list(self._processes)
 
     # -- membership -------------------------------------------------------------------------
-    def _set_state(self, p: LocalProcess, state: str) -> None:
+    def mark_ready(self, p: LocalProcess) -> bool:
+        """A starting worker answered ``/ready``: list it for the router. Only from STARTING:
+        the answer was asked outside the lock, and the autoscaler may have begun draining the
+        worker meanwhile; listing it then would send requests to a worker about to get
+        SIGTERM. Returns whether it was marked."""
         with self._lock:
-            p.state = state
+            if p.state != STARTING:
+                return False
+            p.state = READY
             self._publish()
+            return True
 
     def _publish(self) -> None:
         """Tell the router (through the workers file) which workers take requests: the ready
@@ -190,11 +197,13 @@ class Supervisor:
                 continue  # its exit is expected; the drain reaps it
             code = p.proc.poll()
             if code is not None:
-                if p.role == "router" or p.restarts >= MAX_WORKER_RESTARTS:
-                    return f"{p.name} exited with code {code}"
                 with self._lock:
+                    # Under the lock: a drain may have begun (and SIGTERMed it) since the
+                    # check above, and its exit is then no crash at all.
                     if p.state == DRAINING or self._closed:
                         continue
+                    if p.role == "router" or p.restarts >= MAX_WORKER_RESTARTS:
+                        return f"{p.name} exited with code {code}"
                     # As Kubernetes restarts a crashed pod: same command, same port, so the
                     # router takes it back once it is ready again.
                     p.restarts += 1
@@ -204,8 +213,8 @@ class Supervisor:
                     self._publish()
             elif p.state == STARTING:
                 if answers_ready(p.url, timeout=0.5):
-                    self._set_state(p, READY)
-                    self.say(f"{p.name} is ready ({p.url})")
+                    if self.mark_ready(p):
+                        self.say(f"{p.name} is ready ({p.url})")
                 elif time.monotonic() - p.launched_at > startup_timeout:
                     return f"{p.name} not ready after {startup_timeout:.0f} s"
         return None

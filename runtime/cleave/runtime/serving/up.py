@@ -45,14 +45,20 @@ def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p = sub.add_parser("up", help="run the whole platform on this machine",
                        description="Redis, prefill and decode workers, and the OpenAI-"
                                    "compatible router, as local processes.")
-    p.add_argument("--prefill", type=int, default=1, help="prefill worker processes")
-    p.add_argument("--decode", type=int, default=1, help="decode worker processes")
+    p.add_argument("--prefill", type=int, default=1,
+                   help="prefill worker processes (default 1; the starting count with "
+                        "--autoscale). 0: no prefill role, decode workers serve whole requests "
+                        "in the 'both' role")
+    p.add_argument("--decode", type=int, default=1,
+                   help="decode worker processes (default 1; the starting count with "
+                        "--autoscale)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="the router's port")
     p.add_argument("--redis-url", default=None,
                    help="use this Redis instead of starting a private redis-server")
     add_router_policy_arguments(p)
-    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="how long each process may take to answer /ready (default 600)")
     add_autoscale_arguments(p)
     add_engine_arguments(p)  # type: ignore[operator]
     p.set_defaults(func=run_up)
