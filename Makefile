@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.cleave-installed
 
 .PHONY: setup redis-server run test lint typecheck layers unit bench-engine bench-engine-quick \
-	bench-kv-store bench-kv-store-quick bench-serving chart-crds clean
+	bench-kv-store bench-kv-store-quick bench-serving bench-autoscale bench-autoscale-quick \
+	chart-crds clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +70,12 @@ bench-kv-store: setup
 
 bench-kv-store-quick: setup
 	$(PY) bench/kv_store.py --quick
+
+bench-autoscale: setup
+	$(PY) bench/autoscale.py
+
+bench-autoscale-quick: setup
+	$(PY) bench/autoscale.py --quick
 
 # The chart carries a copy of the canonical CRD; a test fails if they drift.
 chart-crds:

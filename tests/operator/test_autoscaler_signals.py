@@ -93,6 +93,8 @@ def _feed(c: SignalCollector, pod: str, w: FakeWorker, at: float) -> None:
 def test_role_signals_windowed_over_pods() -> None:
     c = SignalCollector(window_s=30, stale_after_s=20)
     a, b = FakeWorker("decode"), FakeWorker("both")  # a colocated worker counts as decode
+    b.waiting.set(2)  # b has a standing queue: what it serves is what one replica can do
+    a.waiting.set(1)  # a's queue empties: one caught request is no saturation
     for w in (a, b):
         _feed(c, w.role + "-pod", w, 0.0)
     for _ in range(9):
@@ -103,6 +105,7 @@ def test_role_signals_windowed_over_pods() -> None:
     a.kv.set(0.5)
     b.kv.set(0.7)
     b.waiting.set(3)
+    a.waiting.set(0)
     for w in (a, b):
         _feed(c, w.role + "-pod", w, 30.0)
     s = c.role_signals("decode", 30.0, ready=2, starting=1, pending=0)
@@ -112,7 +115,25 @@ def test_role_signals_windowed_over_pods() -> None:
     assert s.queue_depth == 3
     assert s.throughput_per_replica == pytest.approx(10.0)  # b was queued: 300 tok / 30 s
     assert (s.ready, s.starting, s.pending) == (2, 1, 0)
+    assert s.request_rate is None  # served requests/s feed prefill's demand model only
     assert c.role_signals("prefill", 30.0, ready=1, starting=0, pending=0).latency_p90 is None
+
+
+def test_prefill_request_rate_counts_first_tokens_in_the_window() -> None:
+    c = SignalCollector(window_s=30, stale_after_s=20)
+    w = FakeWorker("prefill")
+    for _ in range(50):
+        w.ttft.observe(0.3)  # before the window: not counted
+    _feed(c, "p0", w, 0.0)
+    for _ in range(60):
+        w.ttft.observe(0.3)
+    w.waiting.set(1)  # queued only at the end: no saturated throughput
+    w.prompt.inc(6000)
+    _feed(c, "p0", w, 30.0)
+    s = c.role_signals("prefill", 30.0, ready=1, starting=0, pending=0)
+    assert s.request_rate == pytest.approx(2.0)
+    assert s.token_rate == pytest.approx(200.0)
+    assert s.throughput_per_replica is None
 
 
 def test_first_scrape_is_no_window_and_failed_scrape_is_stale() -> None:

@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     from cleave.operator.main import add_operator_parser
 
     add_operator_parser(sub)
+
+    from cleave.operator.autoscaler.simulate_cli import add_simulate_parser
+    from cleave.runtime.loadgen.cli import add_bench_parser
+
+    add_simulate_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from cleave.operator.autoscaler.demand import held_by_backlog, latency_hold, observe
 from cleave.operator.spec import LLMServiceSpec, Role
 
 PREFILL, DECODE = "prefill", "decode"
@@ -47,6 +48,7 @@ class RoleSignals:
     ready: int = 0
     starting: int = 0  # scheduled, not ready: capacity already on its way
     pending: int = 0  # unschedulable: asked for, but no capacity at all
+    request_rate: float | None = None  # requests served/s (prefill: the TTFT histogram's count)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class RolePolicy:
     max_step_down: int = 1
     target_utilization: float = 0.8  # capacity model headroom below saturation
     prior_throughput: float | None = None  # DESIGN.md arithmetic, used until one is measured
+    startup_s: float = 0.0  # a new replica's time to ready; > 0 keeps room for load rises
+    rise_quantile: float = 0.95  # of the rises in demand within startup_s ...
+    rise_lookback_s: float = 3600.0  # ... seen over this long
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,9 @@ class ScalingState:
     """Recent raw recommendations per role, (time, replicas), for the stabilization windows."""
 
     history: Mapping[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)
+    # Per role at the last decision: (time, queue depth, ready replicas), for the queue's growth.
+    queues: Mapping[str, tuple[float, float, int]] = field(default_factory=dict)
+    demand: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -134,16 +142,29 @@ def _ratio_need(ready: int, ratio: float, capacity: int, band: float) -> int:
     return capacity
 
 
-def _need(role: str, s: RoleSignals, p: RolePolicy,
-          notes: dict[str, str]) -> tuple[int | None, str]:
+def _need(role: str, s: RoleSignals, p: RolePolicy, notes: dict[str, str],
+          last: tuple[float, float, int] | None, growth: float | None, demand: float | None,
+          rise: float) -> tuple[int | None, str]:
     """Raw replicas the signals ask for (before windows and limits); None means hold."""
     capacity = s.ready + s.starting
+    last_ready = last[2] if last else s.ready
     if s.queue_depth == 0 and s.token_rate == 0:
         return 0, "idle: no queue and no tokens"  # an idle role has no latency samples either
     tput = s.throughput_per_replica or p.prior_throughput
+    if s.throughput_per_replica and p.prior_throughput:
+        # A rate measured while a queue existed proves a replica can do at least that much,
+        # not that it cannot do more: a short queue at one scrape is no saturation.
+        tput = max(s.throughput_per_replica, p.prior_throughput)
     cap_need = None
-    if s.token_rate is not None and tput:
-        cap_need = _ceil(s.token_rate / (tput * p.target_utilization))
+    if demand is not None and tput:
+        # Headroom: the target utilization, or room for the recent rises in demand within a
+        # startup time, whichever is larger.
+        cap_need = _ceil(demand * max(1.0 / p.target_utilization, rise) / tput)
+        held = held_by_backlog(s.queue_depth, s.request_rate, growth, s.ready,
+                               last[2] if last else 0)
+        if held:  # the whole demand has to be met by the other replicas
+            cap_need += held
+            notes["backlog"] = f"{held} ready replicas held by a growing queue"
     if capacity == 0:
         # At zero no replica reports latency: only demand seen upstream can wake the role.
         if (s.queue_depth or 0) > 0 or (s.token_rate or 0) > 0:
@@ -156,14 +177,30 @@ def _need(role: str, s: RoleSignals, p: RolePolicy,
             return None, f"{name} missing or stale"
         if s.ready == 0:
             return None, "no ready replica to measure"
-        needs[name] = _ratio_need(s.ready, s.latency_p90 / p.latency_target, capacity,
-                                  p.hysteresis)
+        ratio = s.latency_p90 / p.latency_target
+        needs[name] = _ratio_need(s.ready, ratio, capacity, p.hysteresis)
+        # A configured capacity model sizes the role; latency then only says whether to move.
+        # Without one (a measured rate alone is too rough to size by), latency sizes it.
+        modelled = cap_need is not None and p.prior_throughput is not None
+        if modelled and needs[name] > capacity:
+            why = latency_hold(role == PREFILL, s.ready, s.starting, s.queue_depth, growth,
+                               last_ready)
+            needs[name] = capacity if why else min(needs[name], capacity + 1)
+            if why:
+                notes[f"{name}_held"] = why
+        elif modelled and ratio < 1.0 - p.hysteresis:
+            # Under target it has no objection; how far down is the capacity model's call
+            # (at low load TTFT is the prompts' own compute, not a measure of spare replicas).
+            del needs[name]
+            notes[f"{name}_held"] = "under target: sizing left to the capacity model"
     if p.kv_watermark is not None:
         if s.kv_usage is None:
             return None, "kv usage missing or stale"
         needs["kv"] = _ratio_need(s.ready, s.kv_usage / p.kv_watermark, capacity, p.hysteresis)
-    if s.token_rate is not None and tput:
-        util = s.token_rate / (tput * p.target_utilization * capacity)
+    if cap_need is not None and "backlog" in notes:
+        needs["capacity"] = max(capacity, cap_need)
+    elif demand is not None and tput:
+        util = demand * max(1.0 / p.target_utilization, rise) / (tput * capacity)
         needs["capacity"] = _ratio_need(capacity, util, capacity, p.hysteresis)
     if not needs:
         return None, "no target and no capacity signal"
@@ -198,7 +235,8 @@ def _clean(s: RoleSignals) -> RoleSignals:
         return v if v is not None and math.isfinite(v) and v >= 0 else None
     return replace(s, latency_p90=ok(s.latency_p90), kv_usage=ok(s.kv_usage),
                    queue_depth=ok(s.queue_depth), token_rate=ok(s.token_rate),
-                   throughput_per_replica=ok(s.throughput_per_replica))
+                   throughput_per_replica=ok(s.throughput_per_replica),
+                   request_rate=ok(s.request_rate))
 
 
 def _fmt(v: float | None) -> str:
@@ -209,7 +247,8 @@ def _inputs(s: RoleSignals, p: RolePolicy) -> dict[str, str]:
     return {"latency_p90": _fmt(s.latency_p90), "latency_target": _fmt(p.latency_target),
             "kv_usage": _fmt(s.kv_usage), "kv_watermark": _fmt(p.kv_watermark),
             "queue_depth": _fmt(s.queue_depth), "token_rate": _fmt(s.token_rate),
-            "throughput_per_replica": _fmt(s.throughput_per_replica), "ready": str(s.ready),
+            "throughput_per_replica": _fmt(s.throughput_per_replica),
+            "request_rate": _fmt(s.request_rate), "ready": str(s.ready),
             "starting": str(s.starting), "pending": str(s.pending),
             "min": str(p.min_replicas), "max": str(p.max_replicas)}
 
@@ -244,10 +283,19 @@ def decide(now: float, signals: Mapping[str, RoleSignals], cfg: PolicyConfig,
     want: dict[str, int] = {}
     why: dict[str, list[str]] = {}
     history: dict[str, tuple[tuple[float, int], ...]] = {}
+    queues: dict[str, tuple[float, float, int]] = {}
+    demand: dict[str, tuple[tuple[float, float], ...]] = {}
     for r in roles:
         s, p = signals[r], cfg.roles[r]
         kept = [(t, n) for t, n in state.history.get(r, ()) if now - t <= horizon]
-        need, because = _need(r, s, p, notes[r])
+        if s.queue_depth is not None:
+            queues[r] = (now, s.queue_depth, s.ready)
+        last = state.queues.get(r)
+        seen = observe(now, s.token_rate, s.request_rate, s.queue_depth, last,
+                       state.demand.get(r, ()), p.startup_s, p.rise_quantile, p.rise_lookback_s)
+        demand[r] = seen.history
+        notes[r].update(seen.notes())
+        need, because = _need(r, s, p, notes[r], last, seen.growth, seen.demand, seen.rise)
         if need is None:
             want[r], why[r] = current[r], [f"hold: {because}"]
         else:
@@ -291,4 +339,4 @@ def decide(now: float, signals: Mapping[str, RoleSignals], cfg: PolicyConfig,
         want = fitted
     decisions = tuple(Decision(r, current[r], want[r], "; ".join(why[r]), notes[r])
                       for r in roles)
-    return decisions, ScalingState(history)
+    return decisions, ScalingState(history, queues, demand)

@@ -200,16 +200,36 @@ class SignalCollector:
             seen = True
         return rate if seen else None
 
+    def _count_rate(self, name: str,
+                    fresh: list[tuple[_Scrape | None, _Scrape, list[_Scrape]]]) -> float | None:
+        """Observations per second of histogram ``name`` over the window: requests served."""
+        rate, seen = 0.0, False
+        for baseline, newest, _ in fresh:
+            if baseline is None or newest.at <= baseline.at:
+                continue
+            assert baseline.metrics is not None and newest.metrics is not None
+            new = newest.metrics.histograms.get(name)
+            old = baseline.metrics.histograms.get(name)
+            if new is None:
+                continue
+            grown = new.count - (old.count if old is not None and old.count <= new.count else 0)
+            rate += grown / (newest.at - baseline.at)
+            seen = True
+        return rate if seen else None
+
     def _saturated_rate(self, name: str,
                         fresh: list[tuple[_Scrape | None, _Scrape, list[_Scrape]]]
                         ) -> float | None:
-        """Best per-pod token rate over an interval that ended with requests queued: a pod with
-        a queue works flat out, so that rate is what one replica can do here and now."""
+        """Best per-pod token rate over an interval that began and ended with requests queued:
+        a pod with a standing queue works flat out, so that rate is what one replica can do.
+        (One request caught waiting at a single scrape is no saturation: at low load it would
+        read the low rate as capacity and grow the role every interval.)"""
         best: float | None = None
         for _, _, answered in fresh:
             for a, b in itertools.pairwise(answered):
                 assert a.metrics is not None and b.metrics is not None
-                if b.metrics.values.get(WAITING, 0.0) <= 0 or b.at <= a.at:
+                if (a.metrics.values.get(WAITING, 0.0) <= 0
+                        or b.metrics.values.get(WAITING, 0.0) <= 0 or b.at <= a.at):
                     continue
                 grown = b.metrics.values.get(name, 0.0) - a.metrics.values.get(name, 0.0)
                 if grown > 0:
@@ -242,6 +262,8 @@ class SignalCollector:
         return RoleSignals(
             latency_p90=self.quantile(role, 0.9, now), kv_usage=kv, queue_depth=queue,
             token_rate=token_rate, throughput_per_replica=self._saturated_rate(tokens, fresh),
+            # Prefill's requests served/s (its TTFT count) turns queue growth into demand.
+            request_rate=self._count_rate(TTFT, fresh) if role == PREFILL else None,
             ready=ready, starting=starting, pending=pending)
 
 
