@@ -283,11 +283,19 @@ class RedisBlockStore:
             pipe.unlink(k)
         return sum(int(n) for n in await pipe.execute())
 
-    async def ping(self) -> bool:
+    async def problem(self) -> str | None:
+        """Why the store cannot serve right now (down, refusing the password, ...), or None.
+
+        The reason names the error, never the password, so probes and logs may show it.
+        """
         try:
-            return bool(await self._bounded("ping", self._redis.ping))
-        except StoreUnavailable:
-            return False
+            await self._bounded("ping", self._redis.ping)
+        except StoreUnavailable as e:
+            return str(e)
+        return None
+
+    async def ping(self) -> bool:
+        return await self.problem() is None
 
     async def close(self) -> None:
         if self._bulk is not None:

@@ -35,6 +35,35 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+STORE_WARNING_INTERVAL_SECONDS = 10.0
+
+
+class ThrottledWarning:
+    """At most one warning per kind per interval; the ones in between are counted in the next.
+
+    A Redis outage fails every request's store call: one line each would bury the log
+    (thousands a second under load) while saying nothing new. The metrics count every one.
+    """
+
+    def __init__(self, logger: logging.Logger, interval_seconds: float) -> None:
+        self.logger = logger
+        self.interval = interval_seconds
+        self._last: dict[str, float] = {}
+        self._muted: dict[str, int] = {}
+
+    def warn(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval:
+            self._muted[kind] = self._muted.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        muted = self._muted.pop(kind, 0)
+        if muted:
+            message += f" ({muted} more like it in the last {now - (last or now):.0f} s)"
+        self.logger.warning("%s", message)
+
+
 class KVBlocksMissing(RuntimeError):
     """Policy ``fail``: the prompt's blocks are not all in the store, and recompute is off."""
 
@@ -50,6 +79,7 @@ class KVStoreConnector:
         self.block_shape = core.block_shape
         self.dtype = core.dtype
         self.dtype_name = str(core.dtype).removeprefix("torch.")
+        self._store_warnings = ThrottledWarning(log, STORE_WARNING_INTERVAL_SECONDS)
 
     async def _transfer(self, direction: str, call: Awaitable[T],
                         nbytes: Callable[[T], int]) -> T | None:
@@ -59,7 +89,8 @@ class KVStoreConnector:
             result = await call
         except StoreUnavailable as e:
             KV_TRANSFER_FAILURES.labels(self.role, direction).inc()
-            log.warning("KV %s skipped, the store is unavailable: %s", direction, e)
+            self._store_warnings.warn(direction, f"KV {direction} skipped, the store is "
+                                                 f"unavailable: {e}")
             return None
         KV_TRANSFER_SECONDS.labels(self.role, direction).observe(time.perf_counter() - start)
         KV_TRANSFER_BYTES.labels(self.role, direction).inc(nbytes(result))

@@ -27,8 +27,11 @@ def _filtered(logits: torch.Tensor, temperature: float, top_k: int, top_p: float
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token once the mass before it already reaches top_p; the top token stays.
+        # Drop a token once the mass before it already reaches top_p; the top token stays,
+        # even for a top_p so small (5e-324 is valid) that it rounds to 0 in fp32: dropping
+        # every token would make the softmax NaN and stop the engine for every request.
         drop = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop[0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
     return logits

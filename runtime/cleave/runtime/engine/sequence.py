@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+GREEDY_BELOW_TEMPERATURE = 1e-5  # as vLLM's sampling epsilon
 
 
 class RequestError(ValueError):
@@ -30,8 +32,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # also refuses NaN, which compares False
+            raise RequestError(f"temperature must be a finite number >= 0, got "
+                               f"{self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -43,7 +46,10 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, sampling is argmax in all but name, and dividing fp32 logits by it
+        # overflows to inf (or the temperature itself rounds to 0): the softmax turns NaN and
+        # multinomial raises on the engine thread, which would stop the engine for everyone.
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 class SequenceStatus(enum.Enum):

@@ -17,6 +17,7 @@ KV blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -27,13 +28,14 @@ from typing import Any
 from aiohttp import web
 
 from cleave.runtime import metrics
-from cleave.runtime.engine.async_engine import AsyncEngine, last_output
+from cleave.runtime.engine.async_engine import AsyncEngine, EngineDeadError, last_output
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
 from cleave.runtime.engine.sequence import RequestError, SamplingParams
 from cleave.runtime.kv_connector import KVBlocksMissing, KVStoreConnector
 
 log = logging.getLogger("cleave.worker")
 ROLES = ("prefill", "decode", "both")
+ENGINE_CHECK_SECONDS = 0.5
 
 
 _INT_FIELDS = ("max_tokens", "top_k")
@@ -88,6 +90,10 @@ class Worker:
         metrics.RUNNING.labels(role).set_function(lambda: len(core.scheduler.running))
         metrics.WAITING.labels(role).set_function(lambda: len(core.scheduler.waiting))
         metrics.KV_USAGE.labels(role).set_function(core.kv_usage_ratio)
+        # Exported from the start: a worker that has served nothing reports 0 tokens (idle),
+        # not nothing (unknown), so an autoscaler can scale it down.
+        metrics.PROMPT_TOKENS.labels(role)
+        metrics.GENERATION_TOKENS.labels(role)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
@@ -113,11 +119,16 @@ class Worker:
             return web.json_response({"status": "draining"}, status=503)
         store = "none"
         if self.connector is not None:
-            ping = getattr(self.connector.store, "ping", None)
-            ok = await ping() if ping else True
+            problem = await self.store_problem()
             # The store is a cache: without it requests recompute, so the worker stays ready.
-            store = "ok" if ok else "unavailable (recomputing)"
+            store = "ok" if problem is None else f"unavailable (recomputing): {problem}"
         return web.json_response({"status": "ready", "role": self.role, "store": store})
+
+    async def store_problem(self) -> str | None:
+        """Why the KV store cannot serve (e.g. a refused password), or None when it can."""
+        check = getattr(self.connector.store, "problem", None) if self.connector else None
+        problem = await check() if check else None
+        return None if problem is None else str(problem)
 
     async def stats(self, _: web.Request) -> web.Response:
         core = self.engine.engine
@@ -165,6 +176,8 @@ class Worker:
                                                        prefill_only=True))
         except RequestError as e:
             return _error(400, str(e))
+        except EngineDeadError as e:  # the router tries another worker; this one exits soon
+            return _error(503, str(e))
         finally:
             self.inflight -= 1
         metrics.TTFT.labels(self.role).observe(time.perf_counter() - start)
@@ -196,6 +209,8 @@ class Worker:
         except KVBlocksMissing as e:
             # 424: this request's dependency failed, not the worker; the router says 503.
             return _error(424, str(e))
+        except EngineDeadError as e:
+            return _error(503, str(e))
         self.inflight += 1
         last = start
         n = 0
@@ -262,19 +277,33 @@ def _line(out: RequestOutput) -> bytes:
     return json.dumps(record).encode() + b"\n"
 
 
-async def serve(worker: Worker, host: str, port: int, grace_seconds: float) -> None:
-    """Serve until SIGTERM/SIGINT, then drain within ``grace_seconds`` and stop."""
+async def serve(worker: Worker, host: str, port: int, grace_seconds: float) -> int:
+    """Serve until SIGTERM/SIGINT, then drain within ``grace_seconds`` and stop; returns the
+    process exit code (1: the engine died, and the worker must be restarted)."""
     runner = web.AppRunner(worker.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     log.info("%s worker listening on http://%s:%d", worker.role, host, port)
+    problem = await worker.store_problem()
+    if problem is not None:  # said once up front: a wrong password is not a per-request surprise
+        log.warning("the KV store is unavailable (%s); requests recompute until it answers",
+                    problem)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ENGINE_CHECK_SECONDS)
+        if worker.engine.dead is not None and not stop.is_set():
+            # A dead engine fails every request: exit, so that cleave up (or Kubernetes)
+            # restarts the worker, rather than live on answering 503s.
+            log.error("the engine stopped (%r); exiting", worker.engine.dead)
+            await runner.cleanup()
+            return 1
     log.info("draining (grace %.0f s)", grace_seconds)
     await worker.drain(grace_seconds)
     await runner.cleanup()
     worker.engine.shutdown()
+    return 0

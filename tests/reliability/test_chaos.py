@@ -1,0 +1,133 @@
+"""Chaos under load: Redis, a decode worker and a prefill worker killed mid-run.
+
+One streaming load (``stream_load``) against ``cleave up`` with its Redis on a fixed port,
+while, at fixed offsets: redis-server is SIGKILLed and restarted on the same port, one decode
+worker is SIGKILLed, then one prefill worker (``cleave up`` restarts each on its port). No
+request may be lost: each completes, or ends with a clear retryable error (an in-band error
+event when its decode worker died mid-stream, or a 503 with Retry-After); none hangs past its
+timeout; and new requests keep succeeding within seconds of each event.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+
+from figures import report
+from redis_servers import start_server
+from stream_load import Event, LoadResult, run_load
+from up_stack import UpProcess, metric_total, running_up
+
+CLIENTS = 64
+DURATION = 40.0
+TAIL = 8.0  # plain load after the last worker is back, however long its restart took
+REQUEST_TIMEOUT = 30.0
+REDIS_DOWN_SECONDS = 5.0
+RECOVERY_SECONDS = 5.0  # a request started this long after an event must succeed
+STORE_BACK_TIMEOUT = 15.0
+
+
+def _stores_ok(up: UpProcess) -> bool:
+    for w in up.workers():
+        try:
+            with urllib.request.urlopen(w.url + "/ready", timeout=2) as r:
+                if b'"store": "ok"' not in r.read():
+                    return False
+        except OSError:
+            return False
+    return True
+
+
+def _first_success_after(result: LoadResult, at: float) -> float:
+    return min(o.start for o in result.outcomes if o.start >= at and o.status == "ok") - at
+
+
+async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    redis = [start_server()]
+    port = redis[0].port
+    took: dict[str, float] = {}
+    hits_before: list[float] = []  # decode-0's store hits once Redis is back
+    try:
+        with running_up(tiny_model_dir, tmp_path, redis_url=redis[0].url) as up:
+            def redis_outage() -> None:
+                redis[0].kill()
+                time.sleep(REDIS_DOWN_SECONDS)
+                redis[0] = start_server(port=port)
+                began = time.monotonic()
+                while not _stores_ok(up):
+                    assert time.monotonic() - began < STORE_BACK_TIMEOUT, \
+                        "workers did not reconnect to the restarted redis-server"
+                    time.sleep(0.1)
+                took["store_back_s"] = time.monotonic() - began
+                hits_before.append(_hits(up))
+
+            def kill(name: str) -> None:
+                began = time.monotonic()
+                up.wait_worker_back(name, up.kill_worker(name))
+                took[f"{name}_back_s"] = time.monotonic() - began
+
+            result = await run_load(up.base_url, str(tiny_model_dir), clients=CLIENTS,
+                                    duration=DURATION, timeout=REQUEST_TIMEOUT, tail=TAIL,
+                                    events=[
+                Event(5.0, "redis-server killed and restarted", redis_outage),
+                Event(16.0, "decode worker killed", lambda: kill("decode-1")),
+                Event(28.0, "prefill worker killed", lambda: kill("prefill-0"))])
+            hits_after = _hits(up)
+            # What docs/operations.md tells an on-call engineer to look at, during this run.
+            signals = {
+                "store_errors": sum(metric_total(w.url, "cleave_kv_store_errors_total")
+                                    for w in up.workers()),
+                "prefill_failed": metric_total(f"http://127.0.0.1:{up.port}",
+                                               "cleave_routing_decisions_total",
+                                               reason="prefill_failed")}
+            alive = up.proc.poll() is None
+            log = up.log_text()
+    finally:
+        redis[0].stop()
+
+    windows = result.events
+    per_event = {}
+    for start, end, name in windows:
+        during = result.overlapping(start, end)
+        per_event[name] = {
+            "window_s": round(end - start, 1), "sent": len(during),
+            "completed": result.count("ok", during),
+            "retryable": result.count("retryable", during),
+            "failed": result.count("failed", during),
+            "first_success_after_s": round(_first_success_after(result, start), 2)}
+    retryable = [o for o in result.outcomes if o.status == "retryable"]
+    report("chaos", clients=CLIENTS, duration_s=round(result.duration, 1),
+           requests=len(result.outcomes),
+           completed=result.count("ok"), retryable=len(retryable),
+           failed=result.count("failed"), events=per_event,
+           recovery_s={k: round(v, 1) for k, v in took.items()},
+           retryable_errors=sorted({o.detail[:90] for o in retryable})[:5],
+           store_warning_lines=log.count("the store is unavailable"), metrics=signals,
+           ttft_p99_s=round(result.ttft_quantile(0.99), 3))
+
+    assert alive, f"cleave up died:\n{log[-3000:]}"
+    assert "decode-1 exited with code -9; restarting it" in log
+    assert "prefill-0 exited with code -9; restarting it" in log
+    failed = result.failures()
+    assert not failed, f"{len(failed)} requests lost or hung: {failed[:5]}"
+    for o in retryable:  # only a fault may cost a request, and only while it lasts
+        assert any(o.start < end and o.end > start for start, end, _ in windows), o
+    for start, _, name in windows:
+        assert _first_success_after(result, start) < RECOVERY_SECONDS, name
+    last_end = max(end for _, end, _ in windows)
+    after = [o for o in result.outcomes if o.start > last_end + 1.0]
+    assert len(after) >= CLIENTS and all(o.status == "ok" for o in after), "not recovered"
+    assert hits_after > hits_before[0], "KV blocks no longer served from the restarted Redis"
+    # Every request's store call failed while Redis was down: the log says so, not thousands of
+    # times (at most two lines per worker and direction: load and save).
+    outage_lines = log.count("the store is unavailable")
+    assert 0 < outage_lines <= 4 * 2 * 2, f"{outage_lines} store warnings"
+    assert signals["store_errors"] > 0 and signals["prefill_failed"] > 0, signals
+    assert "trying another decode worker" in log or retryable, "decode kill went unnoticed"
+
+
+def _hits(up: UpProcess) -> float:
+    """Blocks decode-0 (never killed, so its counter never restarts) found in Redis."""
+    return metric_total(up.worker("decode-0").url, "cleave_kv_store_hits_total")
