@@ -102,6 +102,17 @@ def test_router_finds_workers_through_headless_services() -> None:
     assert endpoint(parse_spec(BASE)) == "http://chat-router.ml.svc:8000/v1"
 
 
+@pytest.mark.parametrize("spec", [
+    {"model": {"name": "m", "source": "s"}, "decode": {}, "kvStore": "x"},
+    {"model": {"name": "m", "source": "s"}, "decode": "two"},
+    {"model": {"name": "m", "source": "s"}, "decode": {"autoscaling": []}},
+    {"model": ["m"], "decode": {}},
+])
+def test_wrongly_shaped_specs_are_spec_errors_not_crashes(spec: dict[str, Any]) -> None:
+    with pytest.raises(SpecError):
+        parse_spec({"metadata": {"name": "a", "namespace": "d"}, "spec": spec})
+
+
 def test_router_holds_requests_only_when_roles_can_scale_to_zero() -> None:
     def router_args(obj: dict[str, Any]) -> list[str]:
         c = build(obj)["Deployment/chat-router"]["spec"]["template"]["spec"]["containers"][0]

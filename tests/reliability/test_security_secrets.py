@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from figures import report
 from redis_servers import RedisServer, closed_port, start_server
 from transformers import AutoTokenizer
-from up_stack import UpProcess, get_ok, metric_total, running_up
+from up_stack import UpProcess, children, get_ok, metric_total, running_up
 
 from cleave.runtime.serving import router as router_module
 from cleave.runtime.serving.router import Router, RouterConfig
@@ -110,6 +110,8 @@ def test_no_secret_reaches_a_log_or_an_answer(guarded_up: UpProcess,
     for path in ("/ready", "/metrics", "/openapi.json"):
         with urllib.request.urlopen(router + path, timeout=5) as r:
             pages.append(r.read().decode())
+    # ps shows command lines to every user: the password travels in the environment.
+    pages += list(children(guarded_up.proc.pid).values())
     for secret in (API_KEY, REDIS_PASSWORD):
         assert not any(secret in page for page in pages)
     report("security_secrets", pages_checked=len(pages),

@@ -44,7 +44,7 @@ def _stop_with_parent() -> None:  # in the child before exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _children(pid: int) -> dict[int, str]:
+def children(pid: int) -> dict[int, str]:
     """Direct children of ``pid`` and their command lines."""
     out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True,
                          check=True).stdout
@@ -120,13 +120,13 @@ class UpProcess:
         return next(w for w in self.workers() if w.name == name)
 
     def pid_of(self, worker: Worker) -> int:
-        for pid, cmd in _children(self.proc.pid).items():
+        for pid, cmd in children(self.proc.pid).items():
             if " worker " in cmd and f"--port {worker.port} " in cmd + " ":
                 return pid
         raise LookupError(f"no live process for {worker.name} on port {worker.port}")
 
     def router_pid(self) -> int:
-        return next(pid for pid, cmd in _children(self.proc.pid).items() if " router " in cmd)
+        return next(pid for pid, cmd in children(self.proc.pid).items() if " router " in cmd)
 
     def kill_worker(self, name: str) -> int:
         """SIGKILL a worker (a crash, an OOM kill); returns the pid that died."""

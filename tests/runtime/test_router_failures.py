@@ -86,6 +86,7 @@ async def test_a_decode_worker_dying_mid_stream_ends_the_sse_with_an_error(route
     assert json.loads(events[0].removeprefix("data: "))["choices"][0]["text"] == "Hello"
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert "mid-response" in error["message"] and error["type"] == "server_error"
+    assert error["code"] == "worker_failed"  # retryable: a client need not parse the message
     assert events[-1] == "data: [DONE]"
 
 

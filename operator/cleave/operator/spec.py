@@ -191,7 +191,20 @@ def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
 
 
 def parse_spec(obj: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> LLMServiceSpec:
-    """An LLMService object (metadata + spec) -> a validated, defaulted spec."""
+    """An LLMService object (metadata + spec) -> a validated, defaulted spec.
+
+    The API server's schema normally keeps wrong types out, but objects stored before a schema
+    change (or written with validation off) reach us too: any shape the parser cannot read is a
+    SpecError, which becomes a Degraded condition instead of a crashing handler."""
+    try:
+        return _parse_spec(obj, default_image)
+    except SpecError:
+        raise
+    except (AttributeError, TypeError, ValueError, KeyError) as e:
+        raise SpecError(f"spec has a field of the wrong shape ({type(e).__name__}: {e})") from e
+
+
+def _parse_spec(obj: Mapping[str, Any], default_image: str) -> LLMServiceSpec:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):

@@ -371,8 +371,9 @@ class Router:
                 raise api.APIError(400, str(e)) from None
             except WorkerUnavailable as e:
                 if produced:
+                    # A code, so a client can decide to retry without parsing the message.
                     raise api.APIError(502, f"the decode worker failed mid-response: {e}",
-                                       "server_error") from None
+                                       "server_error", code="worker_failed") from None
                 log.warning("request %s: %s; trying another decode worker", rid, e)
 
 

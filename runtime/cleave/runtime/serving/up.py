@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from cleave.runtime.serving.commands import (
     add_router_policy_arguments,
@@ -77,6 +78,16 @@ messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
 """
 
 
+def _password_to_env(url: str, env: dict[str, str]) -> str:
+    """``ps`` shows every process's command line to every user: a password inside
+    ``--redis-url`` reaches the workers and the router through their environment instead."""
+    parts = urlsplit(url)
+    if parts.password is None or parts.username not in (None, "", "default"):
+        return url  # an ACL user's password stays with its name
+    env["CLEAVE_REDIS_PASSWORD"] = unquote(parts.password)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
 def _router_command(args: argparse.Namespace, redis_url: str, sup: Supervisor,
                     autoscale: AutoscaleSettings | None) -> list[str]:
     cmd = ["router", "--model", args.model, "--host", args.host, "--port", str(args.port),
@@ -112,6 +123,7 @@ def run_up(args: argparse.Namespace) -> int:
         redis_url = redis.unix_url
         print(f"cleave up: redis-server on {redis.unixsocket}", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    redis_url = _password_to_env(redis_url, env)
     tmp = Path(tempfile.mkdtemp(prefix="cleave-up-")) if autoscale else None
     sup = Supervisor([sys.executable, "-m", "cleave.runtime.cli"], env,
                      ["--redis-url", redis_url, *engine_flags(args)],
