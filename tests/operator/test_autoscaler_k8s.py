@@ -247,8 +247,11 @@ def test_coordinated_scale_from_and_to_zero(emu: KubeEmulator, servers: PodServe
         create_pod(emu, NS, "chat", "router", "chat-router-a", port)
         eventually(lambda: replicas(emu, "chat-prefill") == 1
                    and replicas(emu, "chat-decode") == 1)
-        reasons = {d["role"]: d["reason"] for d in autoscaler_status(emu, "chat")["decisions"]}
-        assert reasons["prefill"].startswith("demand while at zero")
+        # The status is written right after the scale: poll it too, never read it once.
+        def reasons() -> dict[str, str]:
+            return {d["role"]: d["reason"] for d in autoscaler_status(emu, "chat")["decisions"]}
+
+        eventually(lambda: reasons().get("prefill", "").startswith("demand while at zero"))
         # Served and idle again: both roles go back to zero together.
         router.waiting = 0
         for role in ("prefill", "decode"):
@@ -256,6 +259,8 @@ def test_coordinated_scale_from_and_to_zero(emu: KubeEmulator, servers: PodServe
             create_pod(emu, NS, "chat", role, f"chat-{role}-a", port)
         eventually(lambda: replicas(emu, "chat-prefill") == 0
                    and replicas(emu, "chat-decode") == 0)
-        latest = autoscaler_status(emu, "chat")["decisions"][:2]
-        assert {(d["role"], d["current"], d["desired"]) for d in latest} == {
-            ("prefill", 1, 0), ("decode", 1, 0)}
+        def latest() -> set[tuple[str, int, int]]:
+            return {(d["role"], d["current"], d["desired"])
+                    for d in autoscaler_status(emu, "chat")["decisions"][:2]}
+
+        eventually(lambda: latest() == {("prefill", 1, 0), ("decode", 1, 0)})

@@ -233,3 +233,13 @@ def test_cleave_follows_the_step_up_and_back_down() -> None:
 def test_static_autoscaler_holds_its_counts() -> None:
     sa = StaticAutoscaler({PREFILL: 2, DECODE: 3})
     assert sa.decide(0.0, Observation({}, {})) == {PREFILL: (2, "static"), DECODE: (3, "static")}
+
+
+def test_requests_held_by_the_router_go_to_a_replica_ready_at_once() -> None:
+    # No prefill replica at first: the router holds the arrivals until the first tick adds
+    # one, which (no cold start) is ready at once and must receive them.
+    cfg = replace(CFG, cold_start_s=0.0, initial=(0, 1))
+    res = simulate(poisson(120, 2.0, seed=0), cfg, StaticAutoscaler({PREFILL: 1, DECODE: 1}))
+    early = [r for r in res.requests if r.arrival < cfg.interval_s]
+    assert early and all(r.t_first >= cfg.interval_s for r in early)
+    assert all(math.isfinite(r.t_done) for r in res.requests)

@@ -121,9 +121,10 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
     assert len(after) >= CLIENTS and all(o.status == "ok" for o in after), "not recovered"
     assert hits_after > hits_before[0], "KV blocks no longer served from the restarted Redis"
     # Every request's store call failed while Redis was down: the log says so, not thousands of
-    # times (at most two lines per worker and direction: load and save).
+    # times (one line per worker and direction every 10 s; a slow reconnect or a restarted
+    # worker's fresh throttle may add a few, unthrottled it was over 3,000).
     outage_lines = log.count("the store is unavailable")
-    assert 0 < outage_lines <= 4 * 2 * 2, f"{outage_lines} store warnings"
+    assert 0 < outage_lines <= 60, f"{outage_lines} store warnings"
     assert signals["store_errors"] > 0 and signals["prefill_failed"] > 0, signals
     assert "trying another decode worker" in log or retryable, "decode kill went unnoticed"
 

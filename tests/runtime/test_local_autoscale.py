@@ -73,8 +73,9 @@ def test_load_starts_a_second_worker_and_idleness_drains_it(tiny_model_dir: Path
         for t in loaders:
             t.join(timeout=60)
         assert not errors, errors[:3]
-        wait_for(lambda: len(up.worker_pids()) == 1 and len(up.router_workers()["decode"]) == 1,
-                 90, "back to one worker once idle", up.log)
+        # The supervisor logs the exit after it reaps the process: wait for the line too.
+        wait_for(lambda: len(up.worker_pids()) == 1 and len(up.router_workers()["decode"]) == 1
+                 and "stopped (exit code" in up.log(), 90, "back to one worker once idle", up.log)
         log = up.log()
         assert "autoscaler scale both 2 -> 1 (idle: no queue and no tokens" in log
         # The newest goes, drained: out of the router's list first, then a clean exit.

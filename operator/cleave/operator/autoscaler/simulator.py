@@ -80,8 +80,8 @@ class Simulation:
         rep: Replica = (PrefillReplica(name, life, self.cfg.cost) if role == PREFILL
                         else DecodeReplica(name, life, self.cfg.cost))
         self.replicas[role].append(rep)
-        if ready_at > now:
-            self._push(ready_at, _READY, rep)
+        # Even one ready at once (no cold start) must release what the router held meanwhile.
+        self._push(ready_at, _READY, rep)
 
     def _retire(self, rep: Replica, now: float) -> None:
         rep.life.draining = True
