@@ -74,11 +74,40 @@ def test_autoscaler_options_default_and_parse() -> None:
     ({"scaleDownDelaySeconds": -5}, "scaleDownDelaySeconds must be a number >= 0"),
     ({"prometheus": {"url": "prom:9090"}}, r"prometheus needs an http\(s\) url"),
     ({"dryRun": "false"}, "dryRun must be true or false, got 'false'"),
+    ({"coldStartSeconds": -1}, "coldStartSeconds must be a finite number >= 0, got -1"),
+    ({"coldStartSeconds": "90s"}, "coldStartSeconds must be a finite number >= 0, got '90s'"),
+    ({"coldStartSeconds": True}, "coldStartSeconds must be a finite number >= 0, got True"),
+    ({"coldStartSeconds": float("inf")}, "coldStartSeconds must be a finite number >= 0"),
 ])
 def test_bad_autoscaler_options_are_spec_errors(autoscaling: dict[str, Any],
                                                 message: str) -> None:
     with pytest.raises(SpecError, match=message):
         parse_spec(spec_of(**autoscaling))
+
+
+def test_capacity_prior_and_cold_start_parse() -> None:
+    spec = parse_spec(spec_of(
+        prefill={"autoscaling": {"tokensPerSecondPerReplica": 20000, "ttftSeconds": 0.5}},
+        decode={"autoscaling": {"tokensPerSecondPerReplica": 1500.5}}, coldStartSeconds=90))
+    assert spec.prefill is not None and spec.prefill.autoscaling is not None
+    assert spec.decode.autoscaling is not None
+    assert spec.prefill.autoscaling.tokens_per_second_per_replica == 20000.0
+    assert spec.decode.autoscaling.tokens_per_second_per_replica == 1500.5
+    assert spec.autoscaler.cold_start_seconds == 90.0
+    plain = parse_spec(spec_of(decode={"autoscaling": {}}))
+    assert plain.decode.autoscaling is not None
+    assert plain.decode.autoscaling.tokens_per_second_per_replica is None
+    assert plain.autoscaler.cold_start_seconds == 0.0
+    assert parse_spec(spec_of(coldStartSeconds=0)).autoscaler.cold_start_seconds == 0.0
+
+
+@pytest.mark.parametrize("value", [0, -10, "fast", False, float("nan"), float("inf"), [1]])
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_bad_tokens_per_second_per_replica_is_a_spec_error(role: str, value: Any) -> None:
+    block = {"autoscaling": {"tokensPerSecondPerReplica": value}}
+    with pytest.raises(SpecError, match=f"spec.{role}.autoscaling.tokensPerSecondPerReplica "
+                                        "must be a finite number > 0"):
+        parse_spec(spec_of(prefill=block) if role == "prefill" else spec_of(decode=block))
 
 
 # --- who owns replicas --------------------------------------------------------------------

@@ -278,6 +278,37 @@ def test_config_from_spec() -> None:
     assert fixed.roles == {DECODE: RolePolicy(3, 3)}
 
 
+def _decode_spec(**decode_autoscaling: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "chat"},
+            "spec": {"model": {"name": "m", "source": "s"}, "kvStore": {"managed": {}},
+                     "prefill": {"autoscaling": {"maxReplicas": 4, "ttftSeconds": 0.5,
+                                                 "tokensPerSecondPerReplica": 20000}},
+                     "decode": {"autoscaling": {"maxReplicas": 8, "tpotSeconds": 0.05,
+                                                "kvCacheUsage": 0.8, **decode_autoscaling}},
+                     "autoscaling": {"coldStartSeconds": 90}}}
+
+
+def test_config_from_spec_carries_the_capacity_prior_and_cold_start() -> None:
+    cfg = config_from_spec(parse_spec(_decode_spec(tokensPerSecondPerReplica=1000)))
+    assert cfg.roles[PREFILL] == RolePolicy(1, 4, 0.5, None, prior_throughput=20000.0,
+                                            startup_s=90.0)
+    assert cfg.roles[DECODE] == RolePolicy(1, 8, 0.05, 0.8, prior_throughput=1000.0,
+                                           startup_s=90.0)
+    # The prior switches the capacity model on: 4000 tok/s at 80 % of 1000 tok/s per replica
+    # asks for 5 replicas while latency and KV alone would hold 2.
+    sig = {PREFILL: RoleSignals(latency_p90=0.5, queue_depth=1, token_rate=100, ready=1),
+           DECODE: RoleSignals(latency_p90=0.05, kv_usage=0.5, queue_depth=0,
+                               token_rate=4000, ready=2)}
+    out, state = decide(NOW, sig, cfg, ScalingState())
+    dec = next(d for d in out if d.role == DECODE)
+    assert (dec.desired, dec.reason.split(";")[0]) == (5, "capacity asks for 5")
+    assert "rise" in dec.inputs and state.demand[DECODE]  # startup_s > 0: rises are learned
+    without = config_from_spec(parse_spec(_decode_spec()))
+    assert without.roles[DECODE].prior_throughput is None
+    out, _ = decide(NOW, sig, without, ScalingState())
+    assert next(d for d in out if d.role == DECODE).desired == 2
+
+
 @pytest.mark.parametrize("bad", [
     {"roles": {PREFILL: RolePolicy(3, 2)}},
     {"roles": {PREFILL: RolePolicy(2, 4, gpus_per_replica=2)}, "gpu_budget": 3},

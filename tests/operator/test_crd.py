@@ -265,6 +265,26 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "negative scale-down delay": (
         with_spec(autoscaling={"scaleDownDelaySeconds": -1}),
         "spec.autoscaling.scaleDownDelaySeconds: -1 is less than the minimum of 0"),
+    "coldStartSeconds negative": (
+        with_spec(autoscaling={"coldStartSeconds": -1}),
+        "spec.autoscaling.coldStartSeconds: -1 is less than the minimum of 0"),
+    "coldStartSeconds a string": (
+        with_spec(autoscaling={"coldStartSeconds": "90s"}),
+        "spec.autoscaling.coldStartSeconds: '90s' is not of type 'number'"),
+    "prefill tokensPerSecondPerReplica 0": (
+        with_spec(prefill__autoscaling={"tokensPerSecondPerReplica": 0}),
+        "spec.prefill.autoscaling.tokensPerSecondPerReplica: 0 is less than or equal to the "
+        "minimum of 0"),
+    "decode tokensPerSecondPerReplica negative": (
+        with_spec(decode__autoscaling={"tokensPerSecondPerReplica": -5}),
+        "spec.decode.autoscaling.tokensPerSecondPerReplica: -5 is less than or equal to the "
+        "minimum of 0"),
+    "decode tokensPerSecondPerReplica a string": (
+        with_spec(decode__autoscaling={"tokensPerSecondPerReplica": "1k"}),
+        "spec.decode.autoscaling.tokensPerSecondPerReplica: '1k' is not of type 'number'"),
+    "tokensPerSecondPerReplica at the spec level": (
+        with_spec(autoscaling={"tokensPerSecondPerReplica": 100}),
+        "spec.autoscaling: Additional properties are not allowed"),
     "prometheus without a url": (
         with_spec(autoscaling={"prometheus": {}}),
         "spec.autoscaling.prometheus: 'url' is a required property"),
@@ -390,3 +410,15 @@ def test_autoscaler_options_are_valid() -> None:
                                  "scaleDownDelaySeconds": 0, "dryRun": True,
                                  "prometheus": {"url": "http://prometheus.monitoring:9090"}})
     assert validate(obj) == []
+
+
+def test_capacity_prior_and_cold_start_are_valid() -> None:
+    obj = with_spec(prefill__autoscaling={"maxReplicas": 4, "tokensPerSecondPerReplica": 20000},
+                    decode__autoscaling={"maxReplicas": 8, "tokensPerSecondPerReplica": 0.5},
+                    autoscaling={"coldStartSeconds": 0})
+    assert validate(obj) == []
+    obj["spec"]["autoscaling"]["coldStartSeconds"] = 120.5
+    assert validate(obj) == []
+    spec = apply_defaults(with_spec(decode__autoscaling={"maxReplicas": 2}))["spec"]
+    assert "coldStartSeconds" not in spec["autoscaling"]  # unset means no rise headroom
+    assert "tokensPerSecondPerReplica" not in spec["decode"]["autoscaling"]

@@ -7,6 +7,7 @@ status as Degraded instead of crash-looping. See docs/llmservice-spec.md for the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,9 @@ class Autoscaling:
     ttft_seconds: float | None = None
     tpot_seconds: float | None = None
     kv_cache_usage: float | None = None
+    # Saturated tok/s of one replica (prompt tokens for prefill, output tokens for decode): the
+    # policy's capacity prior, so it can size the role before any rate has been measured.
+    tokens_per_second_per_replica: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class AutoscalerOptions:
     scale_down_delay_seconds: float = 300.0  # every recommendation in it must agree to go down
     dry_run: bool = False  # advisory: record decisions, never touch the Deployments
     prometheus_url: str | None = None  # read signals from this server instead of the pods
+    cold_start_seconds: float = 0.0  # a new replica's time to ready; > 0 keeps room for rises
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,9 @@ def _role(raw: Any, where: str) -> Role:
         if lo > hi:
             raise SpecError(f"{where}.autoscaling: minReplicas {lo} > maxReplicas {hi}")
         auto = Autoscaling(lo, hi, scaling.get("ttftSeconds"), scaling.get("tpotSeconds"),
-                           scaling.get("kvCacheUsage"))
+                           scaling.get("kvCacheUsage"),
+                           _optional_positive(scaling, "tokensPerSecondPerReplica",
+                                              f"{where}.autoscaling"))
     return Role(
         replicas=_int(raw, "replicas", 1, 0, where),
         resources=dict(raw.get("resources") or {}),
@@ -166,6 +173,15 @@ def _seconds(raw: Mapping[str, Any], key: str, default: float, where: str) -> fl
     return float(value)
 
 
+def _optional_positive(raw: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise SpecError(f"{where}.{key} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
 def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
     where = "spec.autoscaling"
     delay = raw.get("scaleDownDelaySeconds", 300)
@@ -178,6 +194,9 @@ def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
                 ("http://", "https://")):
             raise SpecError(f"{where}.prometheus needs an http(s) url")
         url = str(prometheus["url"])
+    cold = raw.get("coldStartSeconds", 0)
+    if isinstance(cold, bool) or not isinstance(cold, int | float) or not 0 <= cold < math.inf:
+        raise SpecError(f"{where}.coldStartSeconds must be a finite number >= 0, got {cold!r}")
     dry_run = raw.get("dryRun", False)
     if not isinstance(dry_run, bool):  # bool("false") is True: a quoted YAML value would act
         raise SpecError(f"{where}.dryRun must be true or false, got {dry_run!r}")
@@ -187,7 +206,7 @@ def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
         raise SpecError(f"{where}.windowSeconds {window:g} < intervalSeconds {interval:g}")
     return AutoscalerOptions(
         interval_seconds=interval, window_seconds=window, scale_down_delay_seconds=float(delay),
-        dry_run=dry_run, prometheus_url=url)
+        dry_run=dry_run, prometheus_url=url, cold_start_seconds=float(cold))
 
 
 def parse_spec(obj: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> LLMServiceSpec:
