@@ -185,3 +185,33 @@ def validate(obj: Any) -> list[str]:
     """All the apiserver's complaints about a custom resource; empty when it would be admitted."""
     defaulted = apply_defaults(obj)
     return schema_errors(defaulted) + cel_errors(defaulted)
+
+
+# --- building test objects ----------------------------------------------------------------
+
+def minimal() -> dict[str, Any]:
+    return {
+        "apiVersion": "cleave.dev/v1alpha1",
+        "kind": "LLMService",
+        "metadata": {"name": "chat", "namespace": "default"},
+        "spec": {
+            "model": {"name": "smollm2-135m-instruct", "source": "smollm2-135m-instruct"},
+            "decode": {},
+            "kvStore": {"managed": {}},
+        },
+    }
+
+
+def with_spec(**changes: Any) -> dict[str, Any]:
+    """``minimal()`` with spec paths set (``decode__replicas=-1``); None deletes the key."""
+    obj = minimal()
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = obj["spec"]
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return obj

@@ -10,14 +10,12 @@ import contextlib
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import urllib3
-from aiohttp import web
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
@@ -26,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from kmock_support import KubeEmulator, kube_emulator
 
-from cleave.operator.autoscaler import metrics, prometheus, report
+from cleave.operator.autoscaler import metrics, report
 from cleave.operator.autoscaler.controller import (
     ServiceAutoscaler,
     Tick,
@@ -295,65 +293,6 @@ def test_metrics_url_of_a_ready_pod_only() -> None:
     assert metrics_url(pod(port_name="web")) is None
 
 
-# --- report -------------------------------------------------------------------------------
-
-
-def decision(role: str, desired: int, reason: str = "ttft asks for 3") -> Decision:
-    return Decision(role, 1, desired, reason, {"latency_p90": "1.2", "ready": "1"})
-
-
-def test_acting_changes_are_desired_against_the_deployment() -> None:
-    found = report.changes([decision("prefill", 3), decision("decode", 1)],
-                           {"prefill": 1, "decode": 1}, None, dry_run=False)
-    assert [(c.role, c.current, c.desired, c.act, c.direction) for c in found] == [
-        ("prefill", 1, 3, True, "up")]
-    # Someone scaled by hand: the autoscaler owns the role and puts it back, and says so.
-    [back] = report.changes([decision("prefill", 3)], {"prefill": 7},
-                            {"dryRun": False, "desiredReplicas": {"prefill": 3}}, False)
-    assert (back.current, back.desired, back.direction) == (7, 3, "down")
-
-
-def test_advisory_changes_are_told_once() -> None:
-    first = report.changes([decision("prefill", 3)], {"prefill": 1}, None, dry_run=True)
-    assert [(c.act, c.desired) for c in first] == [(False, 3)]
-    block = report.status_block(None, first, {"prefill": 3}, True, "t1")
-    assert report.changes([decision("prefill", 3)], {"prefill": 1}, block, True) == []
-    again = report.changes([decision("prefill", 1)], {"prefill": 1}, block, True)
-    assert [(c.current, c.desired) for c in again] == [(1, 1)]  # back to where it is: told
-
-
-def test_status_block_is_newest_first_and_bounded() -> None:
-    block: dict[str, Any] | None = None
-    for i in range(12):
-        found = report.changes([decision("prefill", i + 2)], {"prefill": i + 1}, block, False)
-        block = report.status_block(block, found, {"prefill": i + 2}, False, f"t{i}")
-    assert block is not None
-    assert len(block["decisions"]) == report.KEEP_DECISIONS
-    assert [d["time"] for d in block["decisions"][:2]] == ["t11", "t10"]
-    assert block["decisions"][0] == {
-        "time": "t11", "role": "prefill", "current": 12, "desired": 13,
-        "reason": "ttft asks for 3", "advisory": False,
-        "inputs": {"latency_p90": "1.2", "ready": "1"}}
-    assert block["desiredReplicas"] == {"prefill": 13}
-
-
-def test_needs_write_only_for_a_change_or_a_mode_switch() -> None:
-    block = {"dryRun": True, "desiredReplicas": {}, "decisions": []}
-    assert not report.needs_write(None, [], False)
-    assert not report.needs_write(block, [], True)
-    assert report.needs_write(block, [], False)
-
-
-def test_event_and_log_line() -> None:
-    [up] = report.changes([decision("decode", 3, "kv asks for 3")], {"decode": 1}, None, False)
-    assert report.event(up) == ("ScaledUp", "decode 1 -> 3: kv asks for 3")
-    [advice] = report.changes([decision("decode", 0, "idle")], {"decode": 1}, None, True)
-    assert report.event(advice) == ("WouldScaleDown", "advisory (dryRun): decode 1 -> 0: idle")
-    line = report.log_line("ml/chat", up)
-    assert line.startswith("autoscaler scale ml/chat decode 1 -> 3 (kv asks for 3)")
-    assert "latency_p90=1.2" in line and "ready=1" in line
-
-
 # --- restart safety -----------------------------------------------------------------------
 
 
@@ -403,88 +342,3 @@ def test_bad_metrics_port_is_refused_before_anything_starts(
     monkeypatch.setenv("CLEAVE_OPERATOR_METRICS_PORT", "lots")
     with pytest.raises(SystemExit, match="CLEAVE_OPERATOR_METRICS_PORT must be a port number"):
         run_operator(argparse.Namespace(metrics_port=None))
-
-
-# --- Prometheus source --------------------------------------------------------------------
-
-
-def test_promql_per_role() -> None:
-    q = prometheus.queries("ml", "chat", "prefill", 60)
-    sel = 'namespace="ml", llmservice="chat", role=~"prefill"'
-    assert q["latency_p90"] == ("histogram_quantile(0.9, sum by (le) (rate("
-                                f"cleave_time_to_first_token_seconds_bucket{{{sel}}}[60s])))")
-    assert q["token_rate"] == f"sum(rate(cleave_prompt_tokens_total{{{sel}}}[60s]))"
-    assert q["queue_router"] == \
-        'sum(cleave_num_requests_waiting{namespace="ml", llmservice="chat", role="router"})'
-    assert "kv_usage" not in q
-    d = prometheus.queries("ml", "chat", "decode", 30)
-    assert "cleave_time_per_output_token_seconds_bucket" in d["latency_p90"]
-    assert 'role=~"decode|both"' in d["kv_usage"] and "[30s]" in d["token_rate"]
-
-
-def vector(*values: str) -> dict[str, Any]:
-    return {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {}, "value": [1700000000.0, v]} for v in values]}}
-
-
-def test_scalar_of_an_answer() -> None:
-    assert prometheus.scalar(vector("0.25")) == 0.25
-    assert prometheus.scalar(vector()) is None  # no series: nothing scraped recently
-    assert prometheus.scalar(vector("NaN")) is None  # no observations in the window
-    with pytest.raises(prometheus.PrometheusError):
-        prometheus.scalar({"status": "error", "error": "parse error"})
-
-
-@pytest.fixture()
-async def fake_prometheus() -> AsyncIterator[tuple[str, dict[str, dict[str, Any]]]]:
-    """A real HTTP server answering /api/v1/query from a table keyed by the query's metric."""
-    table: dict[str, dict[str, Any]] = {}
-
-    async def query(request: web.Request) -> web.Response:
-        q = request.query["query"]
-        if "fail" in table:
-            return web.Response(status=503)
-        for key, answer in table.items():
-            if key in q:
-                return web.json_response(answer)
-        return web.json_response(vector())
-
-    app = web.Application()
-    app.router.add_get("/api/v1/query", query)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", table
-    await runner.cleanup()
-
-
-async def test_role_signals_from_prometheus(
-        fake_prometheus: tuple[str, dict[str, dict[str, Any]]]) -> None:
-    url, table = fake_prometheus
-    table.update({"time_per_output_token": vector("0.08"), "generation_tokens": vector("420"),
-                  "kv_cache_usage": vector("0.7"), 'role="router"': vector("2"),
-                  "num_requests_waiting": vector("5")})
-    async with aiohttp.ClientSession() as session:
-        got = await prometheus.role_signals(session, url, "ml", "chat", "decode", 60,
-                                            ready=2, starting=1, pending=0)
-        assert got == RoleSignals(latency_p90=0.08, kv_usage=0.7, queue_depth=7.0,
-                                  token_rate=420.0, ready=2, starting=1, pending=0)
-        # At zero only the router's held requests exist: that demand is the signal.
-        table.clear()
-        table['role="router"'] = vector("3")
-        woken = await prometheus.role_signals(session, url, "ml", "chat", "prefill", 60,
-                                              ready=0, starting=0, pending=0)
-        assert woken is not None and (woken.queue_depth, woken.token_rate) == (3.0, 0.0)
-        # Replicas exist but no series: unknown, never zero.
-        table.clear()
-        unknown = await prometheus.role_signals(session, url, "ml", "chat", "prefill", 60,
-                                                ready=1, starting=0, pending=0)
-        assert unknown == RoleSignals(ready=1)
-        table["fail"] = {}
-        assert await prometheus.role_signals(session, url, "ml", "chat", "prefill", 60,
-                                             ready=1, starting=0, pending=0) is None
-        assert await prometheus.role_signals(session, "http://127.0.0.1:9", "ml", "chat",
-                                             "prefill", 60, ready=1, starting=0, pending=0,
-                                             timeout_s=1.0) is None

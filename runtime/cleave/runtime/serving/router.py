@@ -15,15 +15,12 @@ in time. The model stays listed throughout.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -37,7 +34,7 @@ from cleave.runtime import metrics
 from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving import responses
-from cleave.runtime.serving.membership import parse_members
+from cleave.runtime.serving.fleet import Fleet
 from cleave.runtime.serving.openapi import openapi_document
 from cleave.runtime.serving.routing import (
     PathChoice,
@@ -45,12 +42,10 @@ from cleave.runtime.serving.routing import (
     choose_path,
     choose_prefill,
 )
-from cleave.runtime.serving.upstream import WorkerPool, WorkerRejected, WorkerUnavailable
+from cleave.runtime.serving.upstream import WorkerRejected, WorkerUnavailable
 
 log = logging.getLogger("cleave.router")
 REQUEST_ID = web.RequestKey("request_id", str)
-POLL_SECONDS = 1.0  # worker health and membership
-HELD_POLL_SECONDS = 0.2  # while requests wait for a first worker: notice it quickly
 
 
 @dataclass(frozen=True)
@@ -92,14 +87,10 @@ class Router:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.active = 0
-        self.held = 0  # requests waiting for a first ready decode worker
-        self._wake_poller = asyncio.Event()
-        self._members_error: str | None = None
-        metrics.WAITING.labels("router").set_function(lambda: self.held)
+        self.fleet = Fleet(config.prefill_urls, config.decode_urls, config.workers_file,
+                           config.hold_timeout_seconds)
         self.session: aiohttp.ClientSession | None = None
         self._store: RedisBlockStore | None = None
-        self.prefill: WorkerPool
-        self.decode: WorkerPool
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors])
@@ -117,44 +108,11 @@ class Router:
 
     async def _start(self, _: web.Application) -> None:
         self.session = aiohttp.ClientSession()
-        self.prefill = WorkerPool(self.config.prefill_urls, self.session)
-        self.decode = WorkerPool(self.config.decode_urls, self.session)
-        self._read_members()
-        await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
-        self._poller = asyncio.create_task(self._poll())
-
-    async def _poll(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_poller.wait(),
-                                       HELD_POLL_SECONDS if self.held else POLL_SECONDS)
-            self._wake_poller.clear()
-            try:
-                self._read_members()
-                await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
-            except Exception:  # one odd reply must not stop health tracking for good
-                log.exception("refreshing worker state failed; retrying")
-
-    def _read_members(self) -> None:
-        """Re-read the workers file; an unreadable one keeps the last membership (logged once
-        per distinct problem, not every second)."""
-        if self.config.workers_file is None:
-            return
-        try:
-            members = parse_members(Path(self.config.workers_file).read_text())
-        except (OSError, ValueError) as e:
-            problem = f"workers file {self.config.workers_file}: {e}"
-            if problem != self._members_error:
-                log.warning("%s; keeping the last known workers", problem)
-            self._members_error = problem
-            return
-        self._members_error = None
-        self.prefill.set_listed(members["prefill"])
-        self.decode.set_listed(members["decode"])
+        await self.fleet.start(self.session)
 
     def _prefix_key(self, ids: list[int]) -> bytes:
         """The prompt's first block hash: prompts sharing it share a prefill worker's cache."""
-        identity = self.decode.kv_identity or self.prefill.kv_identity
+        identity = self.fleet.decode.kv_identity or self.fleet.prefill.kv_identity
         if identity is not None and len(ids) >= identity[1]:
             root, block_size, _ = identity
             return chain_hashes(bytes.fromhex(root), ids[:block_size], block_size)[0]
@@ -162,7 +120,7 @@ class Router:
 
     async def _cached_tokens(self, ids: list[int]) -> int:
         """How many leading prompt tokens the store already holds (0 when it cannot say)."""
-        identity = self.decode.kv_identity
+        identity = self.fleet.decode.kv_identity
         if self.config.redis_url is None or identity is None:
             return 0
         root, block_size, namespace = identity
@@ -178,7 +136,7 @@ class Router:
             return 0
 
     async def _stop(self, _: web.Application) -> None:
-        self._poller.cancel()
+        self.fleet.stop()
         if self._store is not None:
             await self._store.close()
         if self.session is not None:
@@ -223,7 +181,7 @@ class Router:
         return web.json_response({"status": "ok"})
 
     async def ready(self, _: web.Request) -> web.Response:
-        if await self.decode.any_ready():
+        if await self.fleet.decode.any_ready():
             return web.json_response({"status": "ready"})
         if self.config.hold_timeout_seconds > 0:
             # Scaled to zero is a normal state: taking requests (and holding them) is what
@@ -234,8 +192,8 @@ class Router:
 
     async def workers(self, _: web.Request) -> web.Response:
         """The router's view of its workers: what ``cleave up`` waits on before it stops one."""
-        return web.json_response({"prefill": self.prefill.describe(),
-                                  "decode": self.decode.describe(), "held": self.held})
+        return web.json_response({"prefill": self.fleet.prefill.describe(),
+                                  "decode": self.fleet.decode.describe(), "held": self.fleet.held})
 
     async def openapi(self, _: web.Request) -> web.Response:
         return web.json_response(openapi_document([self.config.model]))
@@ -293,46 +251,24 @@ class Router:
     def _token_text(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
 
-    def _decode_ready(self) -> bool:
-        return any(w.healthy for w in self.decode.snapshot())
-
-    async def _hold_for_decode(self, rid: str) -> None:
-        """Scale from zero: wait for a first ready decode worker rather than fail at once."""
-        timeout = self.config.hold_timeout_seconds
-        if timeout <= 0 or self._decode_ready():
-            return
-        log.info("request %s: no decode worker ready; holding it for up to %g s", rid, timeout)
-        deadline = time.monotonic() + timeout
-        self.held += 1
-        self._wake_poller.set()  # poll now, and faster, while anything is held
-        try:
-            while not self._decode_ready():
-                if time.monotonic() >= deadline:
-                    raise api.APIError(
-                        503, f"no decode worker became ready within {timeout:g} s (the service "
-                        "is starting or scaled to zero); retry shortly", "service_unavailable")
-                await asyncio.sleep(0.05)
-        finally:
-            self.held -= 1
-
     async def _generate(self, rid: str, ids: list[int],
                         params: SamplingParams) -> AsyncIterator[dict[str, Any]]:
         cfg = self.config
-        await self._hold_for_decode(rid)
+        await self.fleet.hold_for_decode(rid)
         sampling = asdict(params)
         cached = await self._cached_tokens(ids) if len(ids) >= cfg.disaggregate_min_tokens else 0
-        path = choose_path(len(ids), cached, bool(self.prefill), cfg.disaggregate_min_tokens)
+        path = choose_path(len(ids), cached, bool(self.fleet.prefill), cfg.disaggregate_min_tokens)
         if params.logprobs is not None:
             path = PathChoice(False, "logprobs")  # served whole: one place computes them all
         first: int | None = None
         start = time.perf_counter()
         if path.disaggregate:
-            worker = choose_prefill(self.prefill.snapshot(), self._prefix_key(ids))
+            worker = choose_prefill(self.fleet.prefill.snapshot(), self._prefix_key(ids))
             if worker is None:
                 path = PathChoice(False, "no_prefill_worker")
             else:
                 try:
-                    res = await self.prefill.prefill(
+                    res = await self.fleet.prefill.prefill(
                         worker.url, {"request_id": rid, "prompt_token_ids": ids,
                                      "sampling": sampling}, cfg.request_timeout_seconds)
                 except WorkerUnavailable as e:
@@ -350,13 +286,13 @@ class Router:
                    "first_token": first, "kv_load_failure_policy": cfg.kv_load_failure_policy}
         tried: set[str] = set()
         while True:
-            worker = choose_decode(self.decode.snapshot(), frozenset(tried))
+            worker = choose_decode(self.fleet.decode.snapshot(), frozenset(tried))
             if worker is None:
                 raise api.APIError(503, "no decode worker is available", "service_unavailable")
             tried.add(worker.url)
             produced = False
             try:
-                async for line in self.decode.generate(worker.url, payload,
+                async for line in self.fleet.decode.generate(worker.url, payload,
                                                        cfg.request_timeout_seconds,
                                                        cfg.worker_idle_timeout_seconds):
                     if first is None and not produced and line.get("token_ids"):
