@@ -100,7 +100,7 @@ async def test_memoryview_values_written_in_place_are_stored(redis_server: Redis
 async def test_many_small_pipelines_keep_order(redis_server: RedisServer,
                                                make_store: MakeStore) -> None:
     store = make_store(redis_server.url, pipeline_depth=4, max_concurrency=2,
-                       max_inflight_bytes=64 << 10)
+                       pipeline_bytes=32 << 10)
     blocks, tensors = make_blocks(40, seed=4)
     assert await store.put_many(blocks) == 40
     absent = chain_hashes(FP.root_hash(), [9] * (5 * BLOCK), BLOCK)
@@ -197,14 +197,15 @@ async def test_block_evicted_between_lookup_and_fetch_ends_the_prefix(
     blocks, _ = make_blocks(6, seed=9)
     hashes = [b.block_hash for b in blocks]
     await store.put_many(blocks)
-    real_get_raw = store._get_raw  # the fetch step after the EXISTS lookup
+    real_read = store._read  # the fetch step after the STRLEN lookup
 
-    async def get_after_an_eviction(wanted: Sequence[bytes]) -> list[object]:
+    async def get_after_an_eviction(wanted: Sequence[bytes],
+                                    sizes: Sequence[int] | None = None) -> list[object]:
         assert list(wanted) == hashes  # the lookup found all six
         plain.delete(store.keys.block_key(hashes[2]))  # evicted in between
-        return await real_get_raw(wanted)
+        return await real_read(wanted, sizes)
 
-    monkeypatch.setattr(store, "_get_raw", get_after_an_eviction)
+    monkeypatch.setattr(store, "_read", get_after_an_eviction)
     evictions = metric("cleave_kv_store_evictions_noticed_total")
     corrupt = metric("cleave_kv_store_corrupt_blocks_total")
     prefix = await store.fetch_prefix(hashes)
@@ -253,3 +254,28 @@ async def test_delete_namespace_handles_more_keys_than_one_batch(
             for h in hashes]
     assert await store.put_many(tiny) == 1100
     assert await store.delete_namespace() == 1100
+
+
+async def test_block_rewritten_between_lookup_and_fetch_is_read_and_checked(
+        redis_server: RedisServer, make_store: MakeStore, plain: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store(redis_server.url)
+    blocks, _ = make_blocks(6, seed=10)
+    hashes = [b.block_hash for b in blocks]
+    await store.put_many(blocks)
+    real_read = store._read
+
+    async def read_after_a_rewrite(wanted: Sequence[bytes],
+                                   sizes: Sequence[int] | None = None) -> list[object]:
+        # Another writer put a value of another length there: the fetch must not trust the
+        # length the lookup saw.
+        plain.set(store.keys.block_key(hashes[3]), b"x" * 100)
+        return await real_read(wanted, sizes)
+
+    monkeypatch.setattr(store, "_read", read_after_a_rewrite)
+    corrupt = metric("cleave_kv_store_corrupt_blocks_total")
+    prefix = await store.fetch_prefix(hashes)
+    assert [s.block_hash for s in prefix] == hashes[:3]
+    assert metric("cleave_kv_store_corrupt_blocks_total") - corrupt == 1
+    monkeypatch.undo()
+    assert len(await store.fetch_prefix(hashes)) == 3  # the connection is still in step

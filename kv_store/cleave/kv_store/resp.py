@@ -1,11 +1,11 @@
-"""A minimal RESP2 client for the block store's bulk path: pipelined SET, GET and EXISTS.
+"""A minimal RESP2 client for the block store's bulk path: pipelined SET, GET and STRLEN.
 
 redis-py copies a large value three to four times on its way in or out (asyncio's write
 buffer, the parser's buffer, the reply object). Blocks are 64 KiB-1 MiB and move by the
 hundred, so the store talks to a single Redis node through blocking sockets instead: a
 pipeline of SETs goes out with one scatter-gather ``sendmsg`` straight from the exported
-tensors (zero copies), and each GET reply is received straight into a buffer of exactly its
-size (one copy, the kernel's). Each call runs in a worker thread, so the event loop and the
+tensors (zero copies), and GET replies are received straight into reused memory (one copy,
+the kernel's; see ``buffers``). Each call runs in a worker thread, so the event loop and the
 engine keep running; sockets carry the store's timeout, so no call can hang.
 """
 
@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
+
+from cleave.kv_store.buffers import HostBuffers
 
 T = TypeVar("T")
 _CRLF = b"\r\n"
@@ -125,6 +127,27 @@ class RespConnection:
             raise RespError("connection closed by the server")
         self._end += n
 
+    def _recv(self, into: memoryview) -> int:
+        n = self.sock.recv_into(into)
+        if not n:
+            raise RespError("connection closed by the server")
+        return n
+
+    def _take_buffered(self, into: memoryview) -> int:
+        """Move already-received bytes to the front of ``into``; returns how many."""
+        n = min(self._end - self._start, into.nbytes)
+        into[:n] = memoryview(self._scratch)[self._start:self._start + n]
+        self._start += n
+        return n
+
+    def _unread(self, data: memoryview) -> None:
+        """Put ``data`` back in front of the unread bytes, to be parsed the ordinary way."""
+        pending = bytes(data) + bytes(self._scratch[self._start:self._end])
+        if len(pending) > len(self._scratch):
+            self._scratch.extend(bytes(len(pending) - len(self._scratch)))
+        self._scratch[:len(pending)] = pending
+        self._start, self._end = 0, len(pending)
+
     def _line(self) -> bytes:
         while (end := self._scratch.find(_CRLF, self._start, self._end)) < 0:
             self._fill()
@@ -177,17 +200,60 @@ class RespConnection:
         self._send(parts)
         return sum(1 for _ in items if self._reply() == b"OK")
 
-    def get_many(self, keys: Sequence[bytes]) -> list[bytearray | None]:
-        self._send([b"".join(_command(b"GET", k) for k in keys)])
-        out: list[bytearray | None] = []
-        for _ in keys:
-            reply = self._reply()
-            out.append(reply if isinstance(reply, bytearray) else None)
+    def get_many_into(self, keys: Sequence[bytes], buffers: HostBuffers,
+                      sizes: Sequence[int] | None,
+                      each: Callable[[int, memoryview | bytearray | None], T]) -> list[T]:
+        """GET each key, its value received straight into one lease from ``buffers``.
+
+        ``each(i, value)`` runs as soon as value ``i`` is in (None: no value), while its
+        bytes are still in the CPU's cache; its results are returned. Without ``sizes``, the
+        lengths come from STRLEN in the same pipeline (0: missing). A reply of another
+        length than expected (the value was rewritten or expired in between, or is an error)
+        and every reply after it are read the ordinary way.
+        """
+        gets = b"".join(_command(b"GET", k) for k in keys)
+        if sizes is None:
+            self._send([b"".join(_command(b"STRLEN", k) for k in keys) + gets])
+            sizes = [r if isinstance(r := self._reply(), int) else 0 for _ in keys]
+        else:
+            self._send([gets])
+        heads = [b"$%d\r\n" % s if s > 0 else b"$-1\r\n" for s in sizes]
+        lengths = [len(h) + s + 2 if s > 0 else len(h) for h, s in zip(heads, sizes, strict=True)]
+        region = buffers.lease(sum(lengths))
+        got = self._take_buffered(region)
+        out: list[T] = []
+        offset = 0
+        for i, (head, length) in enumerate(zip(heads, lengths, strict=True)):
+            # Compare the head as its bytes arrive: a shorter reply (a miss) differs before
+            # its end, so this never waits for bytes the server will not send.
+            while True:
+                have = min(got - offset, len(head))
+                if region[offset:offset + have] != head[:have]:
+                    self._unread(region[offset:got])
+                    return out + [each(j, self._value()) for j in range(i, len(heads))]
+                if have == len(head):
+                    break
+                got += self._recv(region[got:])
+            end = offset + length
+            while got < end:
+                got += self._recv(region[got:])  # may run on into the next replies
+            if length == len(head):
+                out.append(each(i, None))
+            elif region[end - 2:end] != _CRLF:
+                raise RespError("value not followed by CRLF")
+            else:
+                out.append(each(i, region[offset + len(head):end - 2]))
+            offset = end
         return out
 
-    def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
-        self._send([b"".join(_command(b"EXISTS", k) for k in keys)])
-        return [self._reply() == 1 for _ in keys]
+    def _value(self) -> bytearray | None:
+        reply = self._reply()
+        return reply if isinstance(reply, bytearray) else None
+
+    def strlen_many(self, keys: Sequence[bytes]) -> list[int]:
+        """Each value's length; 0 for a missing key."""
+        self._send([b"".join(_command(b"STRLEN", k) for k in keys)])
+        return [r if isinstance(r := self._reply(), int) else 0 for _ in keys]
 
 
 class RespPool:

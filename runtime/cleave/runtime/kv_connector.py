@@ -124,16 +124,13 @@ class KVStoreConnector:
         h = block.header
         if h.dtype != self.dtype_name or h.shape != self.block_shape:
             return None  # another layout: not ours to load
-        with warnings.catch_warnings():
-            # The value's bytes are read-only; the view is only ever copied from, never written.
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.frombuffer(block.payload, dtype=self.dtype).view(self.block_shape)
+        return torch.frombuffer(block.payload, dtype=self.dtype).view(self.block_shape)
 
     async def load_prefix(self, prompt: list[int]) -> KVHandoff | None:
         """The prompt's longest cached prefix as a handoff, or None on a miss or trouble.
 
-        The payloads stay views of the bytes Redis returned: the one copy on this path is
-        the engine's into its pool.
+        The payloads stay views of the memory Redis's replies were received into: the one
+        copy on this path is the engine's into its pool.
         """
         # The last token is always recomputed, so at most (n - 1) // block_size blocks matter.
         hashes = chain_hashes(self.root_hash, prompt[:len(prompt) - 1], self.block_size)
@@ -144,11 +141,15 @@ class KVStoreConnector:
         if stored is None:
             return None
         tensors: list[torch.Tensor] = []
-        for block in stored:
-            t = self._tensor(block)
-            if t is None:
-                break
-            tensors.append(t)
+        with warnings.catch_warnings():
+            # Values read through redis-py are read-only bytes; the views are only ever copied
+            # from, never written.
+            warnings.simplefilter("ignore", UserWarning)
+            for block in stored:
+                t = self._tensor(block)
+                if t is None:
+                    break
+                tensors.append(t)
         if not tensors:
             return None
         return KVHandoff(block_hashes=hashes[:len(tensors)], blocks=tensors)

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from cleave.kv_store.buffers import HostBuffers
 from cleave.runtime.engine.llama import LlamaShape
+
+# Exports awaiting their store write; more is rare (a handful of prompts saving at once).
+EXPORT_CACHE_BYTES = 256 << 20
 
 
 def bytes_per_block(shape: LlamaShape, block_size: int, dtype: torch.dtype) -> int:
@@ -28,6 +32,7 @@ class KVPool:
                                 shape.head_dim, dtype=dtype, device=device)
         self.k = [self.data[layer, 0] for layer in range(shape.num_layers)]
         self.v = [self.data[layer, 1] for layer in range(shape.num_layers)]
+        self._export_buffers = HostBuffers(EXPORT_CACHE_BYTES)
 
     @classmethod
     def from_budget(cls, shape: LlamaShape, budget_bytes: int, block_size: int,
@@ -48,13 +53,18 @@ class KVPool:
         """Copy blocks out to host memory, one row per block, ``header_room`` bytes in front.
 
         Returns the ``[n, header_room + block_bytes]`` uint8 buffer and, per block, a
-        ``[layers, 2, kv_heads, block_size, head_dim]`` view of its payload.
+        ``[layers, 2, kv_heads, block_size, head_dim]`` view of its payload. The buffer's
+        memory is reused for a later export once nothing refers to this one any more.
         """
         n = len(block_ids)
         block = self.data[:, :, :, 0]
         block_bytes = block.numel() * block.element_size()
-        buffer = torch.empty(n, header_room + block_bytes, dtype=torch.uint8,
-                             pin_memory=self.data.is_cuda)
+        row = header_room + block_bytes
+        if self.data.is_cuda or not n:  # torch's host allocator already reuses pinned memory
+            buffer = torch.empty(n, row, dtype=torch.uint8, pin_memory=self.data.is_cuda)
+        else:
+            lease = self._export_buffers.lease(n * row)
+            buffer = torch.frombuffer(lease, dtype=torch.uint8, count=n * row).view(n, row)
         views = [buffer[i, header_room:].view(self.data.dtype).view(block.shape)
                  for i in range(n)]
         for view, b in zip(views, block_ids, strict=True):
