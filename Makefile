@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.cleave-installed
 
 .PHONY: setup redis-server run test lint typecheck layers unit bench-engine bench-engine-quick \
 	bench-kv-store bench-kv-store-quick bench-serving bench-autoscale bench-autoscale-quick \
+	bench-autoscale-frontier \
 	chart-crds clean
 
 $(STAMP): pyproject.toml
@@ -76,6 +77,9 @@ bench-autoscale: setup
 
 bench-autoscale-quick: setup
 	$(PY) bench/autoscale.py --quick
+
+bench-autoscale-frontier: setup
+	$(PY) bench/autoscale_frontier.py
 
 # The chart carries a copy of the canonical CRD; a test fails if they drift.
 chart-crds:

@@ -29,7 +29,8 @@ from redis_servers import free_port
 from transformers import AutoTokenizer
 
 from cleave.operator.autoscaler.policy import DECODE, PolicyConfig, RolePolicy
-from cleave.runtime.serving.local_autoscale import AutoscaleSettings, LocalAutoscaler
+from cleave.runtime.serving.autoscale_settings import AutoscaleSettings
+from cleave.runtime.serving.local_autoscale import LocalAutoscaler
 from cleave.runtime.serving.local_processes import DRAINING, STARTING, Supervisor
 from cleave.runtime.serving.membership import parse_members, write_members
 from cleave.runtime.serving.router import Router, RouterConfig
@@ -133,7 +134,17 @@ def test_advisory_logs_the_decision_and_changes_nothing(tiny_model_dir: Path,
             time.sleep(0.25)
         assert up.log().count(line) == 1
         assert "starting both-" not in up.log() and "draining" not in up.log()
+        # The decision is also in the metrics and the status file the start line names.
+        told = re.search(r"autoscaler metrics on (\S+); its last decisions in (\S+)", up.log())
+        assert told is not None
+        with urllib.request.urlopen(told[1], timeout=5) as r:
+            exposed = r.read().decode()
+        assert ('cleave_autoscaler_desired_replicas{advisory="true",llmservice="cleave-up",'
+                'namespace="local",role="both"} 0.0') in exposed
+        block = json.loads(Path(told[2]).read_text())
+        assert block["dryRun"] is True and block["decisions"][0]["desired"] == 0
         up.ctrl_c_leaves_nothing()
+        assert not Path(told[2]).exists()  # live state: gone with cleave up
     finally:
         up.kill()
 
@@ -146,6 +157,8 @@ def test_advisory_logs_the_decision_and_changes_nothing(tiny_model_dir: Path,
     (["--autoscale", "--decode-max", "0"], "--decode-max must be at least 1"),
     (["--autoscale", "--kv-watermark", "1.5"], "--kv-watermark is a ratio"),
     (["--autoscale", "--autoscale-interval", "0"], "must be > 0"),
+    (["--autoscale-metrics-port", "9100"], "--autoscale-metrics-port needs --autoscale"),
+    (["--autoscale", "--autoscale-metrics-port", "70000"], "must be a TCP port"),
 ])
 def test_bad_autoscale_flags_are_refused_before_anything_starts(args: list[str],
                                                                 message: str) -> None:
@@ -211,9 +224,14 @@ def settings(advisory: bool) -> AutoscaleSettings:
 
 @pytest.mark.parametrize("advisory", [True, False], ids=["advisory", "acting"])
 async def test_demand_held_at_zero_is_told_once_and_acted_on_once(
-        stand_ins: tuple[Supervisor, list[str]], advisory: bool) -> None:
+        stand_ins: tuple[Supervisor, list[str]], advisory: bool, tmp_path: Path) -> None:
     sup, lines = stand_ins
-    scaler = LocalAutoscaler(settings(advisory), sup, "http://127.0.0.1:9", None, 5)
+    status = tmp_path / "autoscaler-status.json"
+    flag = "true" if advisory else "false"
+    decided_before = _sample("cleave_autoscaler_decisions_total", role="both", direction="up",
+                             advisory=flag)
+    scaler = LocalAutoscaler(settings(advisory), sup, "http://127.0.0.1:9", None, 5,
+                             status_path=status)
     async with aiohttp.ClientSession() as session:
         [first] = await scaler.tick(session)
         assert (first.role, first.current, first.desired) == (DECODE, 0, 1)
@@ -227,6 +245,23 @@ async def test_demand_held_at_zero_is_told_once_and_acted_on_once(
     # One worker started when acting, none when advisory, and never a second: a starting
     # worker is capacity on its way.
     assert len(sup.workers(["both"], STARTING)) == (0 if advisory else 1)
+    # Told as the operator tells it: the status block (a file here) and its metrics.
+    block = json.loads(status.read_text())
+    assert block["dryRun"] is advisory and block["desiredReplicas"] == {DECODE: 1}
+    [decision] = block["decisions"]
+    assert (decision["role"], decision["current"], decision["desired"]) == (DECODE, 0, 1)
+    assert "demand while at zero" in decision["reason"]
+    assert _sample("cleave_autoscaler_desired_replicas", role="both", advisory=flag) == 1
+    assert _sample("cleave_autoscaler_decisions_total", role="both", direction="up",
+                   advisory=flag) - decided_before == 1
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value(name, {"llmservice": "cleave-up", "namespace": "local",
+                                             **labels})
+    return value or 0.0
 
 
 def test_a_worker_drained_while_it_turned_ready_is_never_listed(

@@ -4,6 +4,9 @@ Each sees only an :class:`Observation` built from scraped metrics, the same ever
 returns per-role desired replicas with a reason. Baselines:
 
 - static: a fixed count per role (peak provisioning);
+- scheduled: counts that change on a timetable; with a timetable made from the trace itself
+  (``scenarios.oracle_schedule``) it is the oracle a policy that follows the load is measured
+  against, not something a real deployment can run;
 - hpa: a Kubernetes HPA per role on requests in flight per replica (tolerance 0.1, no up
   stabilization, 300 s down, up by at most max(4 pods, 100 %) per interval: the HPA defaults);
 - llmd: the llm-d SLO formula, one signal max(p90 TTFT / SLO, p90 TPOT / SLO) for the whole
@@ -13,8 +16,9 @@ returns per-role desired replicas with a reason. Baselines:
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -66,6 +70,20 @@ class StaticAutoscaler:
 
     def decide(self, now: float, obs: Observation) -> dict[str, tuple[int, str]]:
         return {r: (n, "static") for r, n in self.replicas.items()}
+
+
+class ScheduledAutoscaler:
+    name = "oracle"
+
+    def __init__(self, times: Sequence[float], replicas: Sequence[Mapping[str, int]]) -> None:
+        if len(times) != len(replicas) or not times:
+            raise ValueError("need one replica count per time, and at least one")
+        self.times = list(times)
+        self.replicas = [dict(r) for r in replicas]
+
+    def decide(self, now: float, obs: Observation) -> dict[str, tuple[int, str]]:
+        i = max(bisect.bisect_right(self.times, now) - 1, 0)
+        return {r: (n, "scheduled") for r, n in self.replicas[i].items()}
 
 
 @dataclass

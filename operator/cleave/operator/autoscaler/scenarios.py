@@ -17,6 +17,7 @@ from cleave.operator.autoscaler.baselines import (
     CleaveAutoscaler,
     HpaConcurrency,
     LlmdSloFormula,
+    ScheduledAutoscaler,
     StaticAutoscaler,
 )
 from cleave.operator.autoscaler.policy import DECODE, PREFILL, PolicyConfig, RolePolicy
@@ -128,3 +129,22 @@ def size_static(trace: Trace, cfg: SimConfig, max_replicas: int, goal: float = 0
             p += 1
         else:
             d += 1
+
+
+def oracle_schedule(cfg: SimConfig, trace: Trace, utilization: float,
+                    window_s: float = 60.0) -> ScheduledAutoscaler:
+    """Replicas that know the trace: at each moment, what the capacity model asks for the
+    busiest window from now until a replica started now would be ready, so that capacity is
+    always up before the load arrives and goes as soon as it has passed."""
+    bins = max(1, math.ceil(trace.duration / window_s))
+    counts = [0] * bins
+    for r in trace.requests:
+        counts[min(int(r.arrival // window_s), bins - 1)] += 1
+    need = [capacity_estimate(cfg, trace, utilization, c / window_s) for c in counts]
+    ahead = math.ceil((cfg.cold_start_s + cfg.interval_s) / window_s)
+    times, replicas = [], []
+    for i in range(bins):
+        coming = need[i:i + ahead + 1]
+        times.append(i * window_s)
+        replicas.append({PREFILL: max(p for p, _ in coming), DECODE: max(d for _, d in coming)})
+    return ScheduledAutoscaler(times, replicas)

@@ -19,19 +19,22 @@ import tempfile
 import threading
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
+from wsgiref.simple_server import WSGIServer
 
+from prometheus_client import start_http_server
+
+from cleave.runtime.serving.autoscale_settings import (
+    AutoscaleSettings,
+    add_autoscale_arguments,
+    describe_settings,
+    settings_from_args,
+)
 from cleave.runtime.serving.commands import (
     add_router_policy_arguments,
     router_policy_flags,
     secret,
 )
-from cleave.runtime.serving.local_autoscale import (
-    AutoscaleSettings,
-    LocalAutoscaler,
-    add_autoscale_arguments,
-    describe_settings,
-    settings_from_args,
-)
+from cleave.runtime.serving.local_autoscale import LocalAutoscaler
 from cleave.runtime.serving.local_processes import (
     MAX_WORKER_RESTARTS,
     Supervisor,
@@ -130,6 +133,7 @@ def run_up(args: argparse.Namespace) -> int:
                      workers_file=tmp / "workers.json" if tmp else None)
     stopping = threading.Event()
     autoscaler: threading.Thread | None = None
+    metrics_server: WSGIServer | None = None
     crashed = False
 
     def on_signal(*_: object) -> None:
@@ -154,9 +158,14 @@ def run_up(args: argparse.Namespace) -> int:
         print(_banner(f"http://{args.host}:{args.port}", args.model), flush=True)
         if autoscale is not None:
             sup.say(describe_settings(autoscale))
+            assert tmp is not None
+            status_path = tmp / "autoscaler-status.json"
+            metrics_server, _ = start_http_server(autoscale.metrics_port, addr=args.host)
+            sup.say(f"autoscaler metrics on http://{args.host}:{metrics_server.server_port}"
+                    f"/metrics; its last decisions in {status_path}")
             autoscaler = LocalAutoscaler(
                 autoscale, sup, router.url, secret(args.api_key_file, "CLEAVE_API_KEY"),
-                drain_timeout_s=args.request_timeout).start(stopping)
+                drain_timeout_s=args.request_timeout, status_path=status_path).start(stopping)
         while not stopping.is_set():
             reason = sup.watch(args.startup_timeout)
             if reason is not None:
@@ -174,6 +183,8 @@ def run_up(args: argparse.Namespace) -> int:
         stopping.set()
         if autoscaler is not None:
             autoscaler.join(timeout=10)  # no scale-up may start once the stop has begun
+        if metrics_server is not None:
+            metrics_server.shutdown()
         sup.stop_all()
         if redis is not None:
             redis.stop()
