@@ -22,7 +22,8 @@ from redis_servers import (
 
 from cleave.kv_store.block_hash import KVFingerprint
 from cleave.kv_store.keys import KeySpace
-from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+from cleave.kv_store.redis_config import RedisStoreConfig
+from cleave.kv_store.redis_store import RedisBlockStore
 
 # The test modules here import their shared helpers from ``redis_store_support`` next to them.
 sys.path.append(str(Path(__file__).parent))

@@ -6,8 +6,6 @@ Helpers are in ``redis_store_support``; the servers and ``make_store`` in ``conf
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 import redis
 import torch
@@ -190,28 +188,50 @@ async def test_fetch_prefix_returns_the_verified_leading_blocks(
     assert all(same_bits(s, t) for s, t in zip(prefix, tensors, strict=False))
 
 
-async def test_block_evicted_between_lookup_and_fetch_ends_the_prefix(
-        redis_server: RedisServer, make_store: MakeStore, plain: redis.Redis,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_hole_in_the_chain_ends_the_prefix_and_is_an_eviction(
+        redis_server: RedisServer, make_store: MakeStore, plain: redis.Redis) -> None:
     store = make_store(redis_server.url)
     blocks, _ = make_blocks(6, seed=9)
     hashes = [b.block_hash for b in blocks]
     await store.put_many(blocks)
-    real_read = store._read  # the fetch step after the STRLEN lookup
-
-    async def get_after_an_eviction(wanted: Sequence[bytes],
-                                    sizes: Sequence[int] | None = None) -> list[object]:
-        assert list(wanted) == hashes  # the lookup found all six
-        plain.delete(store.keys.block_key(hashes[2]))  # evicted in between
-        return await real_read(wanted, sizes)
-
-    monkeypatch.setattr(store, "_read", get_after_an_eviction)
+    plain.delete(store.keys.block_key(hashes[2]))  # evicted: blocks 3-5 are still there
     evictions = metric("cleave_kv_store_evictions_noticed_total")
+    misses = metric("cleave_kv_store_misses_total")
     corrupt = metric("cleave_kv_store_corrupt_blocks_total")
     prefix = await store.fetch_prefix(hashes)
     assert [s.block_hash for s in prefix] == hashes[:2]
     assert metric("cleave_kv_store_evictions_noticed_total") - evictions == 1
+    assert metric("cleave_kv_store_misses_total") - misses == 1
     assert metric("cleave_kv_store_corrupt_blocks_total") - corrupt == 0
+
+
+async def test_a_chain_that_simply_ends_counts_no_miss(
+        redis_server: RedisServer, make_store: MakeStore) -> None:
+    store = make_store(redis_server.url)
+    blocks, _ = make_blocks(8, seed=11)
+    hashes = [b.block_hash for b in blocks]
+    await store.put_many(blocks[:5])  # the prompt goes on past what is cached
+    evictions = metric("cleave_kv_store_evictions_noticed_total")
+    misses = metric("cleave_kv_store_misses_total")
+    hits = metric("cleave_kv_store_hits_total")
+    assert [s.block_hash for s in await store.fetch_prefix(hashes)] == hashes[:5]
+    assert metric("cleave_kv_store_hits_total") - hits == 5
+    assert metric("cleave_kv_store_misses_total") - misses == 0
+    assert metric("cleave_kv_store_evictions_noticed_total") - evictions == 0
+
+
+async def test_a_fresh_store_reads_before_it_has_seen_a_value(
+        redis_server: RedisServer, make_store: MakeStore) -> None:
+    # A decode worker's store reads blocks another process wrote: no length is known yet,
+    # so its pipelines ask STRLEN first; after that it reads in place.
+    writer = make_store(redis_server.url)
+    reader = make_store(redis_server.url, namespace=writer.keys.namespace)
+    blocks, tensors = make_blocks(5, seed=12)
+    await writer.put_many(blocks)
+    for _ in range(2):
+        got = await reader.fetch_prefix([b.block_hash for b in blocks])
+        assert all(same_bits(s, t) for s, t in zip(got, tensors, strict=True))
+        assert len(got) == 5
 
 
 async def test_delete_namespace_removes_only_its_own_keys(
@@ -256,26 +276,16 @@ async def test_delete_namespace_handles_more_keys_than_one_batch(
     assert await store.delete_namespace() == 1100
 
 
-async def test_block_rewritten_between_lookup_and_fetch_is_read_and_checked(
-        redis_server: RedisServer, make_store: MakeStore, plain: redis.Redis,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_value_of_another_length_is_read_and_checked(
+        redis_server: RedisServer, make_store: MakeStore, plain: redis.Redis) -> None:
     store = make_store(redis_server.url)
     blocks, _ = make_blocks(6, seed=10)
     hashes = [b.block_hash for b in blocks]
-    await store.put_many(blocks)
-    real_read = store._read
-
-    async def read_after_a_rewrite(wanted: Sequence[bytes],
-                                   sizes: Sequence[int] | None = None) -> list[object]:
-        # Another writer put a value of another length there: the fetch must not trust the
-        # length the lookup saw.
-        plain.set(store.keys.block_key(hashes[3]), b"x" * 100)
-        return await real_read(wanted, sizes)
-
-    monkeypatch.setattr(store, "_read", read_after_a_rewrite)
+    await store.put_many(blocks)  # the store now expects values of this length
+    plain.set(store.keys.block_key(hashes[3]), b"x" * 100)  # another writer's, shorter
     corrupt = metric("cleave_kv_store_corrupt_blocks_total")
     prefix = await store.fetch_prefix(hashes)
     assert [s.block_hash for s in prefix] == hashes[:3]
     assert metric("cleave_kv_store_corrupt_blocks_total") - corrupt == 1
-    monkeypatch.undo()
-    assert len(await store.fetch_prefix(hashes)) == 3  # the connection is still in step
+    plain.set(store.keys.block_key(hashes[3]), blocks[3].value)
+    assert len(await store.fetch_prefix(hashes)) == 6  # the connections are still in step

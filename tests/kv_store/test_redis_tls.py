@@ -13,7 +13,8 @@ from redis_servers import RedisServer, free_port, start_server
 from cleave.kv_store.block_hash import chain_hashes
 from cleave.kv_store.codec import BlockHeader, encode
 from cleave.kv_store.keys import KeySpace
-from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+from cleave.kv_store.redis_config import RedisStoreConfig
+from cleave.kv_store.redis_store import RedisBlockStore
 from cleave.kv_store.store import EncodedBlock, StoreUnavailable
 
 ROOT = b"t" * 32

@@ -24,7 +24,8 @@ from cleave.kv_store import metrics as store_metrics
 from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
 from cleave.kv_store.codec import DTYPE_SIZES, BlockHeader, CorruptBlock, decode, encode
 from cleave.kv_store.keys import KeySpace
-from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+from cleave.kv_store.redis_config import RedisStoreConfig
+from cleave.kv_store.redis_store import RedisBlockStore
 from cleave.kv_store.store import EncodedBlock
 from cleave.runtime.engine.async_engine import AsyncEngine
 from cleave.runtime.engine.sequence import SamplingParams

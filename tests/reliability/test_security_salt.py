@@ -18,7 +18,8 @@ from redis_servers import RedisServer, start_server
 from cleave.kv_store.block_hash import chain_hashes
 from cleave.kv_store.codec import CorruptBlock, decode
 from cleave.kv_store.keys import KeySpace
-from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+from cleave.kv_store.redis_config import RedisStoreConfig
+from cleave.kv_store.redis_store import RedisBlockStore
 from cleave.runtime.engine.async_engine import AsyncEngine
 from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.kv_connector import KVStoreConnector

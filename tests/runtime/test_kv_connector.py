@@ -115,7 +115,8 @@ def _metric(name: str) -> float:
 async def test_two_engines_share_kv_through_a_real_redis(engines) -> None:  # type: ignore[no-untyped-def]
     from redis_servers import start_server
 
-    from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+    from cleave.kv_store.redis_config import RedisStoreConfig
+    from cleave.kv_store.redis_store import RedisBlockStore
 
     single, prefill_engine, decode_engine = engines
     server = start_server()

@@ -12,6 +12,7 @@ from pathlib import Path
 from aiohttp import web
 
 from cleave.runtime.engine.config import DEFAULT_MODEL
+from cleave.runtime.gc_tuning import freeze_loaded_objects
 
 
 def setup_logging(name: str) -> None:
@@ -48,7 +49,8 @@ def secret(path: str | None, env: str) -> str | None:
 
 def run_worker(args: argparse.Namespace) -> int:
     from cleave.kv_store.keys import KeySpace
-    from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+    from cleave.kv_store.redis_config import RedisStoreConfig
+    from cleave.kv_store.redis_store import RedisBlockStore
     from cleave.runtime.cli import engine_config
     from cleave.runtime.engine.async_engine import AsyncEngine
     from cleave.runtime.engine.llm_engine import LLMEngine
@@ -58,6 +60,7 @@ def run_worker(args: argparse.Namespace) -> int:
     setup_logging(f"{args.role}:{args.port}")
     config = engine_config(args)
     engine = AsyncEngine(LLMEngine(config))
+    freeze_loaded_objects()
 
     async def main() -> int:
         connector = None
@@ -163,6 +166,7 @@ def run_router(args: argparse.Namespace) -> int:
     max_len = min(args.max_model_len or shape.max_position_embeddings,
                   shape.max_position_embeddings)
     router = Router(config, load_tokenizer(files), max_len, shape.vocab_size)
+    freeze_loaded_objects()
     logging.info("router listening on http://%s:%d", args.host, args.port)
     # handler_cancellation: a client that disconnects cancels its handler, which closes the
     # upstream request, which aborts it on the worker and frees its KV (streamed or not).

@@ -28,7 +28,8 @@ from aiohttp import web
 
 from cleave.kv_store.block_hash import chain_hashes
 from cleave.kv_store.keys import KeySpace
-from cleave.kv_store.redis_store import RedisBlockStore, RedisStoreConfig
+from cleave.kv_store.redis_config import RedisStoreConfig
+from cleave.kv_store.redis_store import RedisBlockStore
 from cleave.kv_store.store import StoreUnavailable
 from cleave.runtime import metrics
 from cleave.runtime.engine.sequence import SamplingParams
