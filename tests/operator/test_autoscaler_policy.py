@@ -9,6 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_support import DEC, NOW, PRE, hist, one, two
 
+from cleave.operator.autoscaler.costmodel import (
+    decode_tokens_per_second,
+    prefill_tokens_per_second,
+)
 from cleave.operator.autoscaler.policy import (
     DECODE,
     PREFILL,
@@ -16,11 +20,9 @@ from cleave.operator.autoscaler.policy import (
     RolePolicy,
     RoleSignals,
     ScalingState,
-    config_from_spec,
     decide,
-    decode_tokens_per_second,
-    prefill_tokens_per_second,
 )
+from cleave.operator.autoscaler.policy_from_spec import config_from_spec
 from cleave.operator.spec import parse_spec
 
 # --- SLO error per role --------------------------------------------------------------------------

@@ -34,9 +34,9 @@ from cleave.operator.autoscaler.policy import (
     PolicyConfig,
     RoleSignals,
     ScalingState,
-    config_from_spec,
     decide,
 )
+from cleave.operator.autoscaler.policy_from_spec import config_from_spec
 from cleave.operator.autoscaler.signals import ROUTER, SignalCollector, Target, collect
 from cleave.operator.kube import Kube
 from cleave.operator.spec import LLMServiceSpec, SpecError, parse_spec

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from cleave.operator.autoscaler.demand import held_by_backlog, latency_hold, observe
-from cleave.operator.spec import LLMServiceSpec, Role
 
 PREFILL, DECODE = "prefill", "decode"
 _LATENCY_NAME = {PREFILL: "ttft", DECODE: "tpot"}
@@ -22,18 +21,6 @@ _HUGE = 1e6  # any count past every max: keeps ceil() finite when a throughput i
 
 def _ceil(x: float) -> int:
     return math.ceil(min(x, _HUGE) - _EPS)
-
-
-def prefill_tokens_per_second(n_params: float, achieved_flops: float) -> float:
-    """Prompt tok/s of one prefill replica, from t = 2 * N * n_input / FLOPs (DESIGN.md)."""
-    return achieved_flops / (2.0 * n_params)
-
-
-def decode_tokens_per_second(weight_bytes: float, kv_bytes_per_seq: float, batch: int,
-                             bandwidth: float) -> float:
-    """Output tok/s of one decode replica: a step reads the weights once plus every sequence's
-    KV and yields one token per sequence (DESIGN.md), so batching amortises the weight read."""
-    return batch * bandwidth / (weight_bytes + batch * kv_bytes_per_seq)
 
 
 @dataclass(frozen=True)
@@ -109,29 +96,6 @@ class Decision:
     desired: int
     reason: str
     inputs: Mapping[str, str]
-
-
-def _role_policy(role: Role, prefill: bool, startup_s: float) -> RolePolicy:
-    a = role.autoscaling
-    if a is None:  # no autoscaling block: the user fixed the count
-        return RolePolicy(role.replicas, role.replicas, gpus_per_replica=role.gpus_per_replica,
-                          startup_s=startup_s)
-    # Without tokensPerSecondPerReplica the capacity-model rules stay off: latency and KV size
-    # the role, helped only by a measured throughput.
-    return RolePolicy(a.min_replicas, a.max_replicas,
-                      a.ttft_seconds if prefill else a.tpot_seconds,
-                      None if prefill else a.kv_cache_usage, role.gpus_per_replica,
-                      prior_throughput=a.tokens_per_second_per_replica, startup_s=startup_s)
-
-
-def config_from_spec(spec: LLMServiceSpec,
-                     ratio_bounds: tuple[float, float] | None = None) -> PolicyConfig:
-    startup_s = spec.autoscaler.cold_start_seconds
-    roles = {DECODE: _role_policy(spec.decode, prefill=False, startup_s=startup_s)}
-    if spec.prefill is not None:
-        roles[PREFILL] = _role_policy(spec.prefill, prefill=True, startup_s=startup_s)
-    return PolicyConfig(roles, spec.gpu_budget, ratio_bounds, spec.scale_to_zero,
-                        spec.autoscaling_mode)
 
 
 def _ratio_need(ready: int, ratio: float, capacity: int, band: float) -> int:

@@ -1,0 +1,30 @@
+"""An ``LLMService`` spec as the autoscaling policy's config: per-role bounds, targets and the
+capacity prior the user wrote (``tokensPerSecondPerReplica``, ``coldStartSeconds``)."""
+
+from __future__ import annotations
+
+from cleave.operator.autoscaler.policy import DECODE, PREFILL, PolicyConfig, RolePolicy
+from cleave.operator.spec import LLMServiceSpec, Role
+
+
+def _role_policy(role: Role, prefill: bool, startup_s: float) -> RolePolicy:
+    a = role.autoscaling
+    if a is None:  # no autoscaling block: the user fixed the count
+        return RolePolicy(role.replicas, role.replicas, gpus_per_replica=role.gpus_per_replica,
+                          startup_s=startup_s)
+    # Without tokensPerSecondPerReplica the capacity-model rules stay off: latency and KV size
+    # the role, helped only by a measured throughput.
+    return RolePolicy(a.min_replicas, a.max_replicas,
+                      a.ttft_seconds if prefill else a.tpot_seconds,
+                      None if prefill else a.kv_cache_usage, role.gpus_per_replica,
+                      prior_throughput=a.tokens_per_second_per_replica, startup_s=startup_s)
+
+
+def config_from_spec(spec: LLMServiceSpec,
+                     ratio_bounds: tuple[float, float] | None = None) -> PolicyConfig:
+    startup_s = spec.autoscaler.cold_start_seconds
+    roles = {DECODE: _role_policy(spec.decode, prefill=False, startup_s=startup_s)}
+    if spec.prefill is not None:
+        roles[PREFILL] = _role_policy(spec.prefill, prefill=True, startup_s=startup_s)
+    return PolicyConfig(roles, spec.gpu_budget, ratio_bounds, spec.scale_to_zero,
+                        spec.autoscaling_mode)
