@@ -82,6 +82,7 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
                 "prefill_failed": metric_total(f"http://127.0.0.1:{up.port}",
                                                "cleave_routing_decisions_total",
                                                reason="prefill_failed")}
+            prefill_url = up.worker("prefill-0").url
             alive = up.proc.poll() is None
             log = up.log_text()
     finally:
@@ -125,7 +126,10 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
     # worker's fresh throttle may add a few, unthrottled it was over 3,000).
     outage_lines = log.count("the store is unavailable")
     assert 0 < outage_lines <= 60, f"{outage_lines} store warnings"
-    assert signals["store_errors"] > 0 and signals["prefill_failed"] > 0, signals
+    assert signals["store_errors"] > 0, signals
+    # The prefill kill was noticed: requests in flight there were served decode-only, or (when
+    # none happened to be) the router's poll took the worker out of rotation.
+    assert signals["prefill_failed"] > 0 or f"{prefill_url} is out of rotation" in log, signals
     assert "trying another decode worker" in log or retryable, "decode kill went unnoticed"
 
 

@@ -97,3 +97,38 @@ async def test_no_decode_worker_able_to_serve_is_a_503_with_retry_after(router_f
     assert response.status == 503
     assert response.headers["Retry-After"] == "1"
     assert (await response.json())["error"]["type"] == "service_unavailable"
+
+
+async def test_a_worker_leaving_and_rejoining_rotation_is_logged_once_each(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import aiohttp
+
+    from cleave.runtime.serving.upstream import WorkerPool
+
+    state = {"answer": True, "draining": False}
+
+    async def stats(_: web.Request) -> web.Response:
+        if not state["answer"]:
+            return web.json_response({"error": "down"}, status=503)
+        return web.json_response({"kv_usage": 0.0, "waiting": 0, "draining": state["draining"]})
+
+    app = web.Application()
+    app.router.add_get("/internal/stats", stats)
+    server = TestServer(app)
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    caplog.set_level("INFO", logger="cleave.router")
+    try:
+        async with aiohttp.ClientSession() as session:
+            pool = WorkerPool([url], session)
+            for answer, draining in [(True, False), (True, False), (False, False),
+                                     (False, False), (True, False), (True, True)]:
+                state.update(answer=answer, draining=draining)
+                await pool.refresh()
+    finally:
+        await server.close()
+    said = [r.getMessage() for r in caplog.records if url in r.getMessage()]
+    # Listed workers start in rotation, so the first flip is the first time it fails.
+    assert said == [f"worker {url} is out of rotation: no answer to /internal/stats",
+                    f"worker {url} is ready",
+                    f"worker {url} is out of rotation: draining"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -16,6 +17,7 @@ import aiohttp
 
 from cleave.runtime.serving.routing import WorkerState
 
+log = logging.getLogger("cleave.router")
 DOWN_COOLDOWN_SECONDS = 2.0
 
 
@@ -136,8 +138,13 @@ class WorkerPool:
             except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
                 stats = None
             if stats is None or stats.get("draining"):
+                if tracked.state.healthy:  # a flip, not every poll: the log stays readable
+                    log.warning("worker %s is out of rotation: %s", url,
+                                "draining" if stats else "no answer to /internal/stats")
                 tracked.state = replace(tracked.state, healthy=False)
                 return
+            if not tracked.state.healthy:
+                log.info("worker %s is ready", url)
             if stats.get("kv_namespace") and stats.get("kv_root_hash"):
                 self.kv_identity = (str(stats["kv_root_hash"]), int(stats["block_size"]),
                                     str(stats["kv_namespace"]))
