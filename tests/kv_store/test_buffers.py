@@ -75,3 +75,25 @@ def test_a_lease_can_end_in_another_thread() -> None:
 
 def test_zero_bytes_is_an_empty_view() -> None:
     assert HostBuffers(MiB).lease(0).nbytes == 0
+
+
+def test_a_lease_ending_inside_the_pools_own_lock_neither_deadlocks_nor_is_lost() -> None:
+    # A garbage collection started by an allocation under the lock can end a lease whose last
+    # view was in a reference cycle: its return runs in the lock holder's own thread.
+    buffers = HostBuffers(8 * MiB)
+    lease = buffers.lease(MiB)
+    with buffers._lock:
+        del lease  # the finalizer runs here, in this thread, with the lock held
+    assert buffers.cached_bytes == MiB
+    again = buffers.lease(MiB)
+    assert buffers.cached_bytes == 0 and again.nbytes == MiB
+
+
+def test_a_lease_bigger_than_the_cap_keeps_the_cache() -> None:
+    buffers = HostBuffers(4 * MiB)
+    small = buffers.lease(MiB)
+    del small
+    huge = buffers.lease(16 * MiB)  # never cachable: no reason to drop what is kept
+    assert buffers.cached_bytes == MiB
+    del huge
+    assert buffers.cached_bytes == MiB

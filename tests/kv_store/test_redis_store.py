@@ -162,6 +162,26 @@ async def test_a_rewrite_refreshes_the_ttl(redis_server: RedisServer, make_store
     assert plain.ttl(key) > 5
 
 
+@pytest.mark.parametrize("fresh_reader", [False, True], ids=["sizes-known", "sizes-asked"])
+async def test_a_read_renews_the_ttl_of_what_it_returns(
+        redis_server: RedisServer, make_store: MakeStore, plain: redis.Redis,
+        fresh_reader: bool) -> None:
+    # A prefix in use must not expire early block first while its later blocks live on.
+    writer = make_store(redis_server.url, ttl_seconds=300)
+    blocks, _ = make_blocks(3, seed=7)
+    await writer.put_many(blocks)
+    reader = (make_store(redis_server.url, namespace=writer.keys.namespace, ttl_seconds=300)
+              if fresh_reader else writer)
+    keys = [writer.keys.block_key(b.block_hash) for b in blocks]
+    for k in keys:
+        plain.expire(k, 5)
+    assert len(await reader.fetch_prefix([b.block_hash for b in blocks])) == 3
+    assert all(plain.ttl(k) > 5 for k in keys)
+    plain.expire(keys[0], 5)
+    assert len(await reader.get_many([blocks[0].block_hash])) == 1
+    assert plain.ttl(keys[0]) > 5
+
+
 async def test_longest_cached_prefix_stops_at_the_first_missing_block(
         redis_server: RedisServer, make_store: MakeStore, plain: redis.Redis) -> None:
     store = make_store(redis_server.url)

@@ -14,6 +14,7 @@ anything by hand, and memory still in use is never handed out twice.
 from __future__ import annotations
 
 import ctypes
+import queue
 import threading
 import weakref
 
@@ -29,11 +30,19 @@ class HostBuffers:
         self.max_cached_bytes = max_cached_bytes
         self._free: list[bytearray] = []
         self._cached = 0
-        self._lock = threading.Lock()  # a lease can end in any thread
+        self._lock = threading.Lock()
+        # A lease ends in whatever thread drops its last view, and may end inside this class's
+        # own critical section: a garbage collection started by an allocation under the lock
+        # can free a view caught in a reference cycle. Such a return never waits for the lock
+        # (that would deadlock) and never touches the free list (a sort may be running on it);
+        # it goes here, and the next taker files it.
+        self._returned: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
 
     @property
     def cached_bytes(self) -> int:
-        return self._cached
+        with self._lock:
+            self._file_returned()
+            return self._cached
 
     def lease(self, nbytes: int) -> memoryview:
         """``nbytes`` of writable memory (contents undefined)."""
@@ -47,22 +56,41 @@ class HostBuffers:
         return memoryview(owner).cast("B")
 
     def _take(self, nbytes: int) -> bytearray:
+        size = -(-nbytes // _ROUND) * _ROUND
         with self._lock:
+            self._file_returned()
             fitting = [b for b in self._free if len(b) >= nbytes]
             if fitting:
                 best = min(fitting, key=len)
                 self._free.remove(best)
                 self._cached -= len(best)
                 return best
-            # No fit: make room for the new buffer's eventual return by dropping small ones.
-            size = -(-max(nbytes, 1) // _ROUND) * _ROUND
-            self._free.sort(key=len)
-            while self._free and self._cached + size > self.max_cached_bytes:
-                self._cached -= len(self._free.pop(0))
+            if size <= self.max_cached_bytes:
+                # Room for the new buffer's eventual return: drop the smallest unused ones.
+                self._free.sort(key=len)
+                while self._free and self._cached + size > self.max_cached_bytes:
+                    self._cached -= len(self._free.pop(0))
         return bytearray(size)
 
+    def _file_returned(self) -> None:
+        """Move returns that could not take the lock into the free list (lock held)."""
+        while True:
+            try:
+                buffer = self._returned.get_nowait()
+            except queue.Empty:
+                return
+            self._keep(buffer)
+
+    def _keep(self, buffer: bytearray) -> None:
+        if self._cached + len(buffer) <= self.max_cached_bytes:
+            self._free.append(buffer)
+            self._cached += len(buffer)
+
     def _give_back(self, buffer: bytearray) -> None:
-        with self._lock:
-            if self._cached + len(buffer) <= self.max_cached_bytes:
-                self._free.append(buffer)
-                self._cached += len(buffer)
+        if not self._lock.acquire(blocking=False):
+            self._returned.put(buffer)  # SimpleQueue.put is safe even from a finalizer
+            return
+        try:
+            self._keep(buffer)
+        finally:
+            self._lock.release()

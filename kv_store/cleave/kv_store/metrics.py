@@ -12,7 +12,8 @@ STORE_BYTES_READ = Counter("cleave_kv_store_read_bytes", "Value bytes read from 
 STORE_CORRUPT = Counter("cleave_kv_store_corrupt_blocks",
                         "Stored values that failed their header, checksum or key check")
 STORE_EVICTIONS = Counter("cleave_kv_store_evictions_noticed",
-                          "Blocks present at lookup but gone at fetch (evicted or expired)")
+                          "Holes in a block chain: a block gone while later ones remain "
+                          "(evicted, or expired)")
 STORE_ERRORS = Counter("cleave_kv_store_errors", "Store operations that failed or timed out",
                        ["op"])
 STORE_OP_SECONDS = Histogram(

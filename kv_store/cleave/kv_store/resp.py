@@ -1,4 +1,4 @@
-"""A minimal RESP2 client for the block store's bulk path: pipelined SET, GET and STRLEN.
+"""A minimal RESP2 client for the block store's bulk path: pipelined SET, GET(EX) and STRLEN.
 
 redis-py copies a large value three to four times on its way in or out (asyncio's write
 buffer, the parser's buffer, the reply object). Blocks are 64 KiB-1 MiB and move by the
@@ -202,19 +202,22 @@ class RespConnection:
 
     def get_many_into(self, keys: Sequence[bytes], buffers: HostBuffers,
                       sizes: Sequence[int] | None,
-                      each: Callable[[int, memoryview | bytearray | None], T]) -> list[T]:
-        """GET each key, its value received straight into one lease from ``buffers``.
+                      each: Callable[[int, memoryview | bytearray | None], T],
+                      ttl: int | None = None) -> list[T]:
+        """GET each key (GETEX renewing its TTL to ``ttl`` when given), its value received
+        straight into one lease from ``buffers``.
 
         ``each(i, value)`` runs as soon as value ``i`` is in (None: no value), while its
         bytes are still in the CPU's cache; its results are returned. Without ``sizes``, the
-        lengths come from STRLEN in the same pipeline (0: missing). A reply of another
-        length than expected (the value was rewritten or expired in between, or is an error)
-        and every reply after it are read the ordinary way.
+        lengths come from STRLEN in the same pipeline (0: missing). A value of another length
+        than expected (rewritten, or gone, in between) and every reply after it are read the
+        ordinary way; an error reply raises :class:`RespError`.
         """
-        gets = b"".join(_command(b"GET", k) for k in keys)
+        renew = [b"EX", str(ttl).encode()] if ttl is not None else []
+        gets = b"".join(_command(b"GETEX" if renew else b"GET", k, *renew) for k in keys)
         if sizes is None:
             self._send([b"".join(_command(b"STRLEN", k) for k in keys) + gets])
-            sizes = [r if isinstance(r := self._reply(), int) else 0 for _ in keys]
+            sizes = [self._int_reply() for _ in keys]
         else:
             self._send([gets])
         heads = [b"$%d\r\n" % s if s > 0 else b"$-1\r\n" for s in sizes]
@@ -253,7 +256,13 @@ class RespConnection:
     def strlen_many(self, keys: Sequence[bytes]) -> list[int]:
         """Each value's length; 0 for a missing key."""
         self._send([b"".join(_command(b"STRLEN", k) for k in keys)])
-        return [r if isinstance(r := self._reply(), int) else 0 for _ in keys]
+        return [self._int_reply() for _ in keys]
+
+    def _int_reply(self) -> int:
+        reply = self._reply()
+        if not isinstance(reply, int):
+            raise RespError(f"expected an integer reply, got {reply!r:.40}")
+        return reply
 
 
 class RespPool:
