@@ -3,9 +3,9 @@
 One streaming load (``stream_load``) against ``cleave up`` with its Redis on a fixed port,
 while, at fixed offsets: redis-server is SIGKILLed and restarted on the same port, one decode
 worker is SIGKILLed, then one prefill worker (``cleave up`` restarts each on its port). No
-request may be lost: each completes, or ends with a clear retryable error (an in-band error
-event when its decode worker died mid-stream, or a 503 with Retry-After); none hangs past its
-timeout; and new requests keep succeeding within seconds of each event.
+request may be lost: each completes (a stream whose decode worker died goes on on the other
+one); none hangs past its timeout; and new requests keep succeeding within seconds of each
+event.
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
            recovery_s={k: round(v, 1) for k, v in took.items()},
            retryable_errors=sorted({o.detail[:90] for o in retryable})[:5],
            store_warning_lines=log.count("the store is unavailable"), metrics=signals,
+           resumed_streams=log.count("resuming it on another decode worker"),
            ttft_p99_s=round(result.ttft_quantile(0.99), 3))
 
     assert alive, f"cleave up died:\n{log[-3000:]}"
@@ -130,7 +131,10 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
     # The prefill kill was noticed: requests in flight there were served decode-only, or (when
     # none happened to be) the router's poll took the worker out of rotation.
     assert signals["prefill_failed"] > 0 or f"{prefill_url} is out of rotation" in log, signals
-    assert "trying another decode worker" in log or retryable, "decode kill went unnoticed"
+    resumed = log.count("resuming it on another decode worker")
+    assert "trying another decode worker" in log or resumed, "decode kill went unnoticed"
+    # A stream cut by the decode kill goes on on the other decode worker: none ends in an error.
+    assert not retryable, retryable[:3]
 
 
 def _hits(up: UpProcess) -> float:

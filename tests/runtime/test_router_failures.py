@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -132,3 +133,79 @@ async def test_a_worker_leaving_and_rejoining_rotation_is_logged_once_each(
     assert said == [f"worker {url} is out of rotation: no answer to /internal/stats",
                     f"worker {url} is ready",
                     f"worker {url} is out of rotation: draining"]
+
+
+def flaky_worker(shared: dict[str, Any]) -> web.Application:
+    """The first generate call made to any worker sharing ``shared`` sends two tokens and
+    dies; later calls record their body and finish the request with two more."""
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response({"kv_usage": 0.0, "waiting": 0, "draining": False})
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        response = web.StreamResponse()
+        await response.prepare(request)
+        shared["calls"] += 1
+        if shared["calls"] == 1:
+            await response.write(_line("Hello"))
+            await response.write(_line(" there"))
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        shared["continued"] = body
+        n = len(body["prompt_token_ids"])
+        for text, finished in ((" world", False), ("!", True)):
+            await response.write(json.dumps({
+                "token_ids": [6], "text": text, "finished": finished,
+                "finish_reason": "length" if finished else None, "prompt_tokens": n,
+                "completion_tokens": 3 if finished else 2, "cached_tokens": n}).encode()
+                + b"\n")
+        return response
+
+    app = web.Application()
+    app.router.add_get("/internal/stats", stats)
+    app.router.add_post("/internal/generate", generate)
+    return app
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_decode_worker_dying_mid_stream_is_resumed_on_another(
+        tiny_model_dir: Path, stream: bool) -> None:
+    shared: dict[str, Any] = {"calls": 0}
+    servers = [TestServer(flaky_worker(shared)) for _ in range(2)]
+    for server in servers:
+        await server.start_server()
+    urls = tuple(str(s.make_url("")).rstrip("/") for s in servers)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    router = Router(RouterConfig(model="tiny", decode_urls=urls), tokenizer, 512, 512)
+    client = TestClient(TestServer(router.app()))
+    await client.start_server()
+    try:
+        response = await client.post("/v1/completions", json={
+            "model": "tiny", "prompt": "hi there", "max_tokens": 5, "stream": stream,
+            "stream_options": {"include_usage": True} if stream else None})
+        assert response.status == 200
+        if stream:
+            events = [json.loads(line.decode().removeprefix("data: "))
+                      async for line in _lines(response.content)
+                      if line.strip() and line.strip() != b"data: [DONE]"]
+            assert not any("error" in e for e in events)
+            text = "".join(c["text"] for e in events for c in e["choices"])
+            usage = events[-1]["usage"]
+        else:
+            body = await response.json()
+            text, usage = body["choices"][0]["text"], body["usage"]
+    finally:
+        await client.close()
+        for server in servers:
+            await server.close()
+    prompt = tokenizer("hi there")["input_ids"]
+    assert text == "Hello there world!"  # one response, nothing lost or repeated
+    continued = shared["continued"]
+    assert continued["prompt_token_ids"] == [*prompt, 5]  # the prompt and the first token sent
+    assert continued["first_token"] == 5  # the last one sent goes on from there
+    assert continued["sampling"]["max_tokens"] == 4
+    assert continued["kv_load_failure_policy"] == "recompute"
+    assert usage["prompt_tokens"] == len(prompt)
+    assert usage["completion_tokens"] == 4
+    assert usage["prompt_tokens_details"]["cached_tokens"] <= len(prompt)

@@ -37,6 +37,7 @@ from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving import responses
 from cleave.runtime.serving.fleet import Fleet
 from cleave.runtime.serving.openapi import openapi_document
+from cleave.runtime.serving.resume import continuation, rebased
 from cleave.runtime.serving.routing import (
     PathChoice,
     choose_decode,
@@ -285,20 +286,33 @@ class Router:
             "disaggregated" if first is not None else "decode_only", path.reason).inc()
         payload = {"request_id": rid, "prompt_token_ids": ids, "sampling": sampling,
                    "first_token": first, "kv_load_failure_policy": cfg.kv_load_failure_policy}
+        # Tokens the client has. A decode worker that dies mid-stream is resumed on another
+        # one from there: the continuation's prompt is the prompt plus what was sent, and
+        # the last token sent goes in as the first token, as a prefill's does.
+        sent: list[int] = [first] if first is not None else []
+        handed = len(sent)
         tried: set[str] = set()
         while True:
             worker = choose_decode(self.fleet.decode.snapshot(), frozenset(tried))
             if worker is None:
+                if len(sent) > handed:
+                    raise api.APIError(502, "the decode worker failed mid-response and no "
+                                       "other could continue it", "server_error",
+                                       code="worker_failed")
                 raise api.APIError(503, "no decode worker is available", "service_unavailable")
             tried.add(worker.url)
-            produced = False
+            resumed_after = len(sent) if len(sent) > handed else 0
+            attempt = continuation(payload, ids, sent, params.max_tokens) if resumed_after \
+                else payload
             try:
-                async for line in self.fleet.decode.generate(worker.url, payload,
+                async for line in self.fleet.decode.generate(worker.url, attempt,
                                                        cfg.request_timeout_seconds,
                                                        cfg.worker_idle_timeout_seconds):
-                    if first is None and not produced and line.get("token_ids"):
+                    if not sent and line.get("token_ids"):
                         metrics.TTFT.labels("router").observe(time.perf_counter() - start)
-                    produced = True
+                    if resumed_after:
+                        line = rebased(line, len(ids), resumed_after)
+                    sent.extend(line.get("token_ids") or [])
                     yield line
                 metrics.E2E.labels("router").observe(time.perf_counter() - start)
                 return
@@ -307,11 +321,11 @@ class Router:
                     raise api.APIError(503, str(e), "service_unavailable") from None
                 raise api.APIError(400, str(e)) from None
             except WorkerUnavailable as e:
-                if produced:
-                    # A code, so a client can decide to retry without parsing the message.
-                    raise api.APIError(502, f"the decode worker failed mid-response: {e}",
-                                       "server_error", code="worker_failed") from None
-                log.warning("request %s: %s; trying another decode worker", rid, e)
+                if len(sent) > handed:
+                    log.warning("request %s: %s after %d tokens; resuming it on another "
+                                "decode worker", rid, e, len(sent))
+                else:
+                    log.warning("request %s: %s; trying another decode worker", rid, e)
 
 
 async def _json(request: web.Request) -> Any:
