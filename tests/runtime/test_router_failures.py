@@ -154,12 +154,12 @@ def flaky_worker(shared: dict[str, Any]) -> web.Application:
             return response
         shared["continued"] = body
         n = len(body["prompt_token_ids"])
-        for text, finished in ((" world", False), ("!", True)):
+        done = len(body["earlier_token_ids"]) + 1  # a worker counts what it was handed
+        for i, (text, finished) in enumerate(((" world", False), ("!", True))):
             await response.write(json.dumps({
                 "token_ids": [6], "text": text, "finished": finished,
                 "finish_reason": "length" if finished else None, "prompt_tokens": n,
-                "completion_tokens": 3 if finished else 2, "cached_tokens": n}).encode()
-                + b"\n")
+                "completion_tokens": done + i + 1, "cached_tokens": n}).encode() + b"\n")
         return response
 
     app = web.Application()
@@ -202,10 +202,12 @@ async def test_a_decode_worker_dying_mid_stream_is_resumed_on_another(
     prompt = tokenizer("hi there")["input_ids"]
     assert text == "Hello there world!"  # one response, nothing lost or repeated
     continued = shared["continued"]
-    assert continued["prompt_token_ids"] == [*prompt, 5]  # the prompt and the first token sent
+    assert continued["prompt_token_ids"] == prompt  # the same request ...
+    assert continued["earlier_token_ids"] == [5]  # ... holding what the client has as output
     assert continued["first_token"] == 5  # the last one sent goes on from there
-    assert continued["sampling"]["max_tokens"] == 4
+    assert continued["sampling"]["max_tokens"] == 5
     assert continued["kv_load_failure_policy"] == "recompute"
     assert usage["prompt_tokens"] == len(prompt)
     assert usage["completion_tokens"] == 4
-    assert usage["prompt_tokens_details"]["cached_tokens"] <= len(prompt)
+    # What the request found cached, not what its continuation found (the blocks it saved).
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0

@@ -173,9 +173,11 @@ class KVStoreConnector:
         return final
 
     async def decode(self, prompt: list[int], params: SamplingParams, first_token: int,
-                     request_id: str | None = None, *, recompute_missing: bool = True
+                     request_id: str | None = None, *, recompute_missing: bool = True,
+                     earlier_tokens: tuple[int, ...] = ()
                      ) -> AsyncGenerator[RequestOutput, None]:
-        """Continue a prefilled request with its KV from the store.
+        """Continue a prefilled request with its KV from the store (``earlier_tokens``: the
+        output a dropped decode had already handed out before ``first_token``).
 
         Missing blocks are recomputed, or with ``recompute_missing=False`` the request fails
         with :class:`KVBlocksMissing` before any token.
@@ -189,7 +191,8 @@ class KVStoreConnector:
                     f"{loaded} of {(len(prompt) - 1) // self.block_size} KV blocks are in the "
                     "store and kv_load_failure_policy is 'fail'")
             KV_RECOMPUTE_FALLBACKS.inc()
-        handoff = replace(cached, first_token=first_token) if cached else KVHandoff(
-            block_hashes=[], blocks=[], first_token=first_token)
+        handoff = replace(cached, first_token=first_token, earlier_tokens=earlier_tokens) \
+            if cached else KVHandoff(block_hashes=[], blocks=[], first_token=first_token,
+                                     earlier_tokens=earlier_tokens)
         async for out in self.engine.generate(prompt, params, request_id=request_id, kv=handoff):
             yield out

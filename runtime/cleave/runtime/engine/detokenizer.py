@@ -43,6 +43,13 @@ class IncrementalDetokenizer:
                 self.text = self.text[:at]
                 self.stopped = True
 
+    def replay(self, token_ids: list[int]) -> None:
+        """Feed tokens whose text was already handed out, one by one as it was: what they
+        produced counts as taken, and what was held back then stays held back."""
+        for t in token_ids:
+            self.add([t])
+            self.take_delta(final=False)
+
     def _holdback(self) -> int:
         """Chars at the end of ``text`` that might still grow into a stop string."""
         best = 0

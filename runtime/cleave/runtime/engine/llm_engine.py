@@ -142,10 +142,11 @@ class LLMEngine:
                        prefill_only=prefill_only, sampling_seed=seed)
         if kv is not None:
             if kv.first_token is not None:
-                if not 0 <= kv.first_token < self.shape.vocab_size:
-                    raise RequestError(f"first_token must be in [0, {self.shape.vocab_size})")
-                seq.token_ids.append(kv.first_token)
-                if kv.first_logprob is not None:
+                out = [*kv.earlier_tokens, kv.first_token]
+                if any(not 0 <= t < self.shape.vocab_size for t in out):
+                    raise RequestError(f"output token ids must be in [0, {self.shape.vocab_size})")
+                seq.token_ids.extend(out)
+                if kv.first_logprob is not None and not kv.earlier_tokens:
                     seq.logprobs.append(kv.first_logprob)
             seq.num_external_blocks = self._verified_blocks(ids, kv)
         return seq
@@ -179,8 +180,9 @@ class LLMEngine:
         self._sequences[seq.request_id] = seq
         self._detok[seq.request_id] = IncrementalDetokenizer(self.tokenizer, seq.params.stop)
         if kv is not None and kv.first_token is not None:
-            self._detok[seq.request_id].add([kv.first_token])
-            self._detok[seq.request_id].take_delta(final=False)  # the caller has that text
+            # The caller has these tokens' text, exactly as far as a detokenizer fed them one by
+            # one would have handed it out (held-back bytes and stop-string prefixes included).
+            self._detok[seq.request_id].replay([*kv.earlier_tokens, kv.first_token])
             reason = seq.stop_reason_after(kv.first_token, self.max_model_len)
             if reason is not None or self._detok[seq.request_id].stopped:
                 # The prefill side's first token already ended the request.

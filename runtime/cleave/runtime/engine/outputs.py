@@ -25,6 +25,9 @@ class KVHandoff:
     blocks: list[torch.Tensor]
     first_token: int | None = None
     first_logprob: TokenLogprob | None = None
+    # Output tokens handed out before ``first_token``: a decode resumed after its worker died
+    # mid-stream goes on from everything the client already has, not only the first token.
+    earlier_tokens: tuple[int, ...] = ()
     buffer: torch.Tensor | None = None
     header_room: int = 0
 

@@ -287,10 +287,11 @@ class Router:
         payload = {"request_id": rid, "prompt_token_ids": ids, "sampling": sampling,
                    "first_token": first, "kv_load_failure_policy": cfg.kv_load_failure_policy}
         # Tokens the client has. A decode worker that dies mid-stream is resumed on another
-        # one from there: the continuation's prompt is the prompt plus what was sent, and
-        # the last token sent goes in as the first token, as a prefill's does.
+        # one from there (resume.py): the last token sent goes in as the first token, as a
+        # prefill's does, and the ones before it as output already handed out.
         sent: list[int] = [first] if first is not None else []
         handed = len(sent)
+        cached_tokens = 0
         tried: set[str] = set()
         while True:
             worker = choose_decode(self.fleet.decode.snapshot(), frozenset(tried))
@@ -301,17 +302,18 @@ class Router:
                                        code="worker_failed")
                 raise api.APIError(503, "no decode worker is available", "service_unavailable")
             tried.add(worker.url)
-            resumed_after = len(sent) if len(sent) > handed else 0
-            attempt = continuation(payload, ids, sent, params.max_tokens) if resumed_after \
-                else payload
+            resumed = len(sent) > handed
+            attempt = continuation(payload, sent) if resumed else payload
             try:
                 async for line in self.fleet.decode.generate(worker.url, attempt,
                                                        cfg.request_timeout_seconds,
                                                        cfg.worker_idle_timeout_seconds):
                     if not sent and line.get("token_ids"):
                         metrics.TTFT.labels("router").observe(time.perf_counter() - start)
-                    if resumed_after:
-                        line = rebased(line, len(ids), resumed_after)
+                    if resumed:
+                        line = rebased(line, cached_tokens)
+                    else:
+                        cached_tokens = int(line.get("cached_tokens", cached_tokens))
                     sent.extend(line.get("token_ids") or [])
                     yield line
                 metrics.E2E.labels("router").observe(time.perf_counter() - start)

@@ -4,9 +4,11 @@ The internal API the router calls:
 
 - ``POST /internal/prefill`` ``{request_id, prompt_token_ids, sampling}`` -> the first token;
   the prompt's full KV blocks are written to the block store on the way.
-- ``POST /internal/generate`` ``{request_id, prompt_token_ids, sampling, first_token?}`` ->
-  NDJSON lines of token deltas. With ``first_token`` it continues a prefilled request from
-  the store's blocks; without, it serves the whole request (reusing any cached prefix).
+- ``POST /internal/generate`` ``{request_id, prompt_token_ids, sampling, first_token?,
+  earlier_token_ids?}`` -> NDJSON lines of token deltas. With ``first_token`` it continues a
+  prefilled request from the store's blocks; with ``earlier_token_ids`` too, a request whose
+  decode worker died after handing those out (the router resumes it); without, it serves the
+  whole request (reusing any cached prefix).
 - ``GET /internal/stats``: load and KV usage for routing; ``/health``, ``/ready``, ``/metrics``.
 
 On SIGTERM the worker reports not-ready, refuses new work, lets requests in flight finish for
@@ -201,8 +203,13 @@ class Worker:
             first = body.get("first_token")
             if first is not None and not isinstance(first, int):
                 raise RequestError("first_token must be an integer")
+            earlier = body.get("earlier_token_ids") or []
+            if not isinstance(earlier, list) or not all(isinstance(t, int) for t in earlier):
+                raise RequestError("earlier_token_ids must be a list of integers")
+            if earlier and first is None:
+                raise RequestError("earlier_token_ids needs first_token")
             recompute = body.get("kv_load_failure_policy", "recompute") != "fail"
-            stream = await self._stream(rid, ids, params, first, recompute)
+            stream = await self._stream(rid, ids, params, first, tuple(earlier), recompute)
             head = await anext(stream)  # validation errors surface before any byte is sent
         except RequestError as e:
             return _error(400, str(e))
@@ -243,15 +250,17 @@ class Worker:
         return response
 
     async def _stream(self, rid: str, ids: list[int], params: SamplingParams,
-                      first: int | None, recompute: bool
+                      first: int | None, earlier: tuple[int, ...], recompute: bool
                       ) -> AsyncGenerator[RequestOutput, None]:
         if first is not None:
             if self.connector is not None:
                 return self.connector.decode(ids, params, first, request_id=rid,
-                                             recompute_missing=recompute)
+                                             recompute_missing=recompute,
+                                             earlier_tokens=earlier)
             if not recompute:
                 raise KVBlocksMissing("no KV store is configured and the policy is 'fail'")
-            handoff = KVHandoff(block_hashes=[], blocks=[], first_token=first)
+            handoff = KVHandoff(block_hashes=[], blocks=[], first_token=first,
+                                earlier_tokens=earlier)
             return self.engine.generate(ids, params, request_id=rid, kv=handoff)
         cached = await self.connector.load_prefix(ids) if self.connector else None
         return self.engine.generate(ids, params, request_id=rid, kv=cached)
