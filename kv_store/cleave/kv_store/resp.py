@@ -23,6 +23,7 @@ from cleave.kv_store.buffers import HostBuffers
 T = TypeVar("T")
 _CRLF = b"\r\n"
 _MAX_IOV = 512  # well under IOV_MAX (1024 on Linux)
+_SEND_BUFFER = 4 << 20
 
 
 class RespError(OSError):
@@ -73,6 +74,10 @@ class RespConnection:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             address = (endpoint.host, endpoint.port)
+        # Puts stream megabytes per pipeline: with the default ~208 KiB send buffer the writer
+        # and Redis took turns waking each other; 4 MiB (the kernel caps it at wmem_max) made
+        # a 45 MiB put 40 % faster here. Reads are bounded by Redis's own send buffer.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
         sock.settimeout(connect_timeout)
         try:
             sock.connect(address)
