@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from redis_servers import RedisServer, start_server
 from tiny_model import build_tiny_llama
 
 torch.set_num_threads(1)
@@ -19,6 +20,15 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server shared by a module's well-behaved tests (each uses its own
+    namespace); a test that kills or pauses one starts its own."""
+    server = start_server()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

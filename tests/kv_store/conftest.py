@@ -31,14 +31,6 @@ sys.path.append(str(Path(__file__).parent))
 from redis_store_support import FP, TIMEOUT, MakeStore, unique_namespace
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    """Shared by a module's well-behaved tests; each test uses its own namespace."""
-    server = start_server()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def fresh_redis_server() -> Iterator[RedisServer]:
     """A server of its own, for a test that kills or pauses it."""

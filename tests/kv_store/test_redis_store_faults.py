@@ -288,3 +288,7 @@ def test_fast_path_takes_credentials_from_the_url_query_too() -> None:
     assert (ep.host, ep.port, ep.db, ep.username, ep.password) == ("cache", 6380, 2, "svc",
                                                                    "s@cret")
     assert Endpoint.from_url("redis://:pw@h/0", password="override").password == "override"
+    # Read as redis-py reads it, escapes decoded once, so both paths send the same password.
+    assert Endpoint.from_url("redis://:p%2541@h/0").password == "p%41"
+    assert Endpoint.from_url("unix:///tmp/r.sock?db=3&username=u%40x").username == "u@x"
+    assert Endpoint.from_url("unix:///tmp/r.sock?db=3").unix_path == "/tmp/r.sock"

@@ -75,6 +75,16 @@ class KubeEmulator:
 
 
 @contextlib.contextmanager
+def operator_emulator() -> Iterator[KubeEmulator]:
+    """An emulator that the operator's own API client (the kubernetes default) talks to."""
+    with kube_emulator() as emulator:
+        config = kubernetes.client.Configuration()
+        config.host = emulator.url
+        kubernetes.client.Configuration.set_default(config)
+        yield emulator
+
+
+@contextlib.contextmanager
 def kube_emulator(*crds: Path) -> Iterator[KubeEmulator]:
     """Serve an emulator with these CRD files (default: the LLMService CRD) already created."""
     loop, started, stop, result = asyncio.new_event_loop(), threading.Event(), asyncio.Event(), []

@@ -8,31 +8,25 @@ import argparse
 import asyncio
 import contextlib
 import socket
-import sys
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import urllib3
+from kmock_support import KubeEmulator, kube_emulator
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from kmock_support import KubeEmulator, kube_emulator
 
 from cleave.operator.autoscaler import metrics, report
 from cleave.operator.autoscaler.controller import (
     ServiceAutoscaler,
     Tick,
     metrics_url,
-    policy_config,
-    seed,
 )
-from cleave.operator.autoscaler.policy import Decision, RoleSignals, decide
+from cleave.operator.autoscaler.policy import Decision, RoleSignals, decide, seed
+from cleave.operator.autoscaler.policy_from_spec import config_from_spec
 from cleave.operator.kube import Kube
 from cleave.operator.main import run_operator
 from cleave.operator.reconcile import initial_replicas, owned_replicas, reconcile
@@ -278,7 +272,7 @@ def test_a_hold_during_a_rolling_update_is_not_a_change() -> None:
     spec = parse_spec(spec_of(AUTO, {"replicas": 1}))
     c = count_pods(3, [pod(), pod(), pod(), pod(ready=False)])  # 3 old + 1 surge pod
     hold = RoleSignals(latency_p90=None, ready=c.ready, starting=c.starting, pending=c.pending)
-    out, _ = decide(0.0, {"prefill": hold, "decode": RoleSignals(ready=1)}, policy_config(spec),
+    out, _ = decide(0.0, {"prefill": hold, "decode": RoleSignals(ready=1)}, config_from_spec(spec),
                     seed(0.0, {"prefill": 3, "decode": 1}))
     prefill = next(d for d in out if d.role == "prefill")
     assert prefill.desired == 3
@@ -298,7 +292,7 @@ def test_metrics_url_of_a_ready_pod_only() -> None:
 
 def test_a_fresh_policy_history_delays_scale_down_but_not_scale_up() -> None:
     spec = parse_spec(spec_of(AUTO, {"replicas": 1}, scaleDownDelaySeconds=60))
-    cfg = policy_config(spec)
+    cfg = config_from_spec(spec)
     assert cfg.roles["prefill"].down_window_s == 60
     idle = RoleSignals(queue_depth=0, token_rate=0, ready=4)
     fixed = RoleSignals(latency_p90=None, ready=1)
@@ -342,3 +336,19 @@ def test_bad_metrics_port_is_refused_before_anything_starts(
     monkeypatch.setenv("CLEAVE_OPERATOR_METRICS_PORT", "lots")
     with pytest.raises(SystemExit, match="CLEAVE_OPERATOR_METRICS_PORT must be a port number"):
         run_operator(argparse.Namespace(metrics_port=None))
+
+
+def test_a_seeded_history_keeps_idle_replicas_for_the_whole_down_window() -> None:
+    # What both backends do when their loop starts with replicas already up.
+    from cleave.operator.autoscaler.policy import PolicyConfig, RolePolicy, ScalingState
+
+    cfg = PolicyConfig({"decode": RolePolicy(0, 2, down_window_s=60)}, scale_to_zero=True)
+    idle = {"decode": RoleSignals(ready=1, queue_depth=0, token_rate=0.0)}
+    [fresh], _ = decide(5.0, idle, cfg, ScalingState())
+    assert fresh.desired == 0  # an empty history would drop the worker at once
+    state = seed(0.0, {"decode": 1})
+    for now in (5.0, 30.0, 59.0):
+        [held], state = decide(now, idle, cfg, state)
+        assert held.desired == 1, now
+    [later], _ = decide(61.0, idle, cfg, state)
+    assert later.desired == 0

@@ -4,20 +4,15 @@ they must not be, left alone) and the status, Events and metrics tell why."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from autoscaler_pods import PodServers, Profile, create_pod, free_port, pod_servers
+from kmock_support import KubeEmulator, eventually, operator_emulator, run_operator
 from kubernetes import client
 from prometheus_client import REGISTRY
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from autoscaler_pods import PodServers, Profile, create_pod, free_port, pod_servers
-from kmock_support import KubeEmulator, eventually, kube_emulator, run_operator
 
 NS = "default"
 CR = ("cleave.dev", "v1alpha1", NS, "llmservices")
@@ -28,10 +23,7 @@ HANDLERS = "cleave.operator.handlers"
 def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeEmulator]:
     monkeypatch.setenv("CLEAVE_RECHECK_SECONDS", "0.5")
     monkeypatch.setenv("CLEAVE_AUTOSCALE_SECONDS", "0.3")
-    with kube_emulator() as emulator:
-        config = client.Configuration()
-        config.host = emulator.url
-        client.Configuration.set_default(config)  # the operator's own API client
+    with operator_emulator() as emulator:
         yield emulator
 
 

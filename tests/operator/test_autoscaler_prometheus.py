@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-
-sys.path.insert(0, str(Path(__file__).parent))
-
+from aiohttp.test_utils import TestServer
 
 from cleave.operator.autoscaler import prometheus
 from cleave.operator.autoscaler.policy import RoleSignals
@@ -63,13 +59,10 @@ async def fake_prometheus() -> AsyncIterator[tuple[str, dict[str, dict[str, Any]
 
     app = web.Application()
     app.router.add_get("/api/v1/query", query)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", table
-    await runner.cleanup()
+    server = TestServer(app)
+    await server.start_server()
+    yield str(server.make_url("")).rstrip("/"), table
+    await server.close()
 
 
 async def test_role_signals_from_prometheus(

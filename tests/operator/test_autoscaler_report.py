@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 
 from cleave.operator.autoscaler import report
 from cleave.operator.autoscaler.policy import Decision

@@ -8,6 +8,7 @@ import math
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from cleave.operator.autoscaler.signals import (
@@ -225,12 +226,9 @@ async def test_scrape_real_http_server() -> None:
     app.router.add_get("/broken", broken)
     app.router.add_get("/garbage", garbage)
     app.router.add_get("/slow", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    base = f"http://127.0.0.1:{port}"
+    server = TestServer(app)
+    await server.start_server()
+    base = str(server.make_url("")).rstrip("/")
     try:
         async with aiohttp.ClientSession() as session:
             m = await scrape(session, f"{base}/metrics", 2.0)
@@ -243,7 +241,7 @@ async def test_scrape_real_http_server() -> None:
             assert loop.time() - start < 2.0
             assert await scrape(session, "http://127.0.0.1:1/metrics", 1.0) is None
     finally:
-        await runner.cleanup()
+        await server.close()
 
 
 async def test_collect_is_one_interval_of_either_backend() -> None:
@@ -264,11 +262,9 @@ async def test_collect_is_one_interval_of_either_backend() -> None:
     app.router.add_get("/decode", metrics_of)
     app.router.add_get("/router", metrics_of)
     app.router.add_get("/hung", never)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    server = TestServer(app)
+    await server.start_server()
+    base = str(server.make_url("")).rstrip("/")
     c = SignalCollector(window_s=60, stale_after_s=30)
     counts = {"decode": PodCounts(ready=2)}
     try:
@@ -287,4 +283,4 @@ async def test_collect_is_one_interval_of_either_backend() -> None:
             assert got["decode"].queue_depth == 0  # the router is gone: forgotten
     finally:
         hung.set()
-        await runner.cleanup()
+        await server.close()

@@ -201,12 +201,9 @@ def test_worker_args_carry_the_service_namespace_for_kv_isolation() -> None:
                                      "external-redis.yaml"])
 def test_every_example_the_crd_accepts_the_operator_can_build(example: str) -> None:
     """The CRD schema (with its defaults) and the operator's spec model agree."""
-    import sys
     from pathlib import Path
 
     import yaml
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from crd_validation import apply_defaults, validate
 
     root = Path(__file__).parents[2]

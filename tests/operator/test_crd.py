@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from jsonschema import Draft202012Validator
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 from crd_validation import (
     apply_defaults,
     evaluate_rule,
@@ -23,6 +18,7 @@ from crd_validation import (
     walk_schema,
     with_spec,
 )
+from jsonschema import Draft202012Validator
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 from crd_validation import (
     minimal,
     validate,

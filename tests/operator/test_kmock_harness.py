@@ -5,19 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kopf
 import pytest
+from kmock_support import KubeEmulator, eventually, kube_emulator, run_operator
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from kmock_support import KubeEmulator, eventually, kube_emulator, run_operator
 
 ROOT = Path(__file__).resolve().parents[2]
 NS, CR = "default", ("cleave.dev", "v1alpha1", "default", "llmservices")

@@ -4,7 +4,6 @@ delete, and idle reconciles that write nothing."""
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from kmock_support import KubeEmulator, eventually, operator_emulator, run_operator
 from kubernetes import client
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from kmock_support import KubeEmulator, eventually, kube_emulator, run_operator
 
 from cleave.operator.kube import Kube
 from cleave.operator.reconcile import reconcile
@@ -43,10 +39,7 @@ def service(name: str = "chat") -> dict[str, Any]:
 @pytest.fixture()
 def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeEmulator]:
     monkeypatch.setenv("CLEAVE_RECHECK_SECONDS", "0.5")
-    with kube_emulator() as emulator:
-        config = client.Configuration()
-        config.host = emulator.url
-        client.Configuration.set_default(config)  # the operator's own API client
+    with operator_emulator() as emulator:
         yield emulator
 
 

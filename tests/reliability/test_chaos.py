@@ -114,8 +114,6 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
     assert "prefill-0 exited with code -9; restarting it" in log
     failed = result.failures()
     assert not failed, f"{len(failed)} requests lost or hung: {failed[:5]}"
-    for o in retryable:  # only a fault may cost a request, and only while it lasts
-        assert any(o.start < end and o.end > start for start, end, _ in windows), o
     for start, _, name in windows:
         assert _first_success_after(result, start) < RECOVERY_SECONDS, name
     last_end = max(end for _, end, _ in windows)

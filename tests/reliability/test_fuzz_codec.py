@@ -10,7 +10,7 @@ blocks are recomputed and the output is exactly the uncorrupted one).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from figures import report
 from fuzzing import SCALE, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
-from redis_servers import RedisServer, start_server
+from redis_servers import RedisServer
 
 from cleave.kv_store import metrics as store_metrics
 from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
@@ -93,13 +93,6 @@ def test_the_codec_raises_only_corrupt_block() -> None:
     one()
     report("fuzz_codec", cases=len(tried))
     assert len(tried) > 1000 * SCALE
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = start_server()
-    yield server
-    server.stop()
 
 
 def _value(i: int) -> bytes:

@@ -8,12 +8,12 @@ second engine with A's salt does find them, so the isolation is the salt's doing
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from figures import report
-from redis_servers import RedisServer, start_server
+from redis_servers import RedisServer
 
 from cleave.kv_store.block_hash import chain_hashes
 from cleave.kv_store.codec import CorruptBlock, decode
@@ -25,13 +25,6 @@ from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.kv_connector import KVStoreConnector
 
 PROMPT = "the engineer builds many books before dinner " * 8
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = start_server()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from figures import report
 from redis_servers import RedisServer, closed_port, start_server
+from serving_stack import post_raw
 from transformers import AutoTokenizer
 from up_stack import UpProcess, children, get_ok, metric_total, running_up
 
@@ -48,15 +49,7 @@ def guarded_up(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
         yield up
 
 
-def _post(url: str, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
-    body = json.dumps({"model": "x", "prompt": "hi", "max_tokens": 2}).encode()
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **headers})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+BODY = json.dumps({"model": "x", "prompt": "hi", "max_tokens": 2}).encode()
 
 
 def test_an_api_key_is_required_and_a_wrong_one_is_refused(guarded_up: UpProcess) -> None:
@@ -65,7 +58,7 @@ def test_an_api_key_is_required_and_a_wrong_one_is_refused(guarded_up: UpProcess
                {"Authorization": f"Bearer {API_KEY}x"}, {"Authorization": f"Basic {API_KEY}"},
                {"Authorization": f"Bearer {API_KEY[:-1]}{'0' if API_KEY[-1] != '0' else '1'}"}]
     for headers in refused:
-        status, body = _post(url, headers)
+        status, body = post_raw(url, BODY, headers)
         assert status == 401, headers
         error = body["error"]
         assert isinstance(error, dict)
@@ -100,7 +93,7 @@ def test_no_secret_reaches_a_log_or_an_answer(guarded_up: UpProcess,
                                               redis_with_password: RedisServer) -> None:
     openai.OpenAI(base_url=guarded_up.base_url, api_key=API_KEY, max_retries=0).completions \
         .create(model=guarded_up.model, prompt=LONG_PROMPT, max_tokens=2)
-    _post(guarded_up.base_url + "/completions", {"Authorization": "Bearer wrong"})
+    post_raw(guarded_up.base_url + "/completions", BODY, {"Authorization": "Bearer wrong"})
     pages = [guarded_up.log_text(), redis_with_password.log_tail(10_000)]
     for worker in guarded_up.workers():
         for path in ("/ready", "/internal/stats", "/metrics", "/health"):

@@ -235,6 +235,8 @@ async def test_demand_held_at_zero_is_told_once_and_acted_on_once(
     async with aiohttp.ClientSession() as session:
         [first] = await scaler.tick(session)
         assert (first.role, first.current, first.desired) == (DECODE, 0, 1)
+        # The history starts from what was up (none here): a seed never delays a scale-up.
+        assert scaler.state is not None and scaler.state.history[DECODE][0][1] == 0
         assert first.inputs["queue_depth"] == "2"  # the router's held requests
         for _ in range(3):
             await scaler.tick(session)

@@ -16,7 +16,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlsplit
+
+from redis.connection import parse_url
 
 from cleave.kv_store.buffers import HostBuffers
 
@@ -42,19 +44,18 @@ class Endpoint:
     @classmethod
     def from_url(cls, url: str, username: str | None = None,
                  password: str | None = None) -> Endpoint:
-        u = urlparse(url)
-        if u.scheme not in ("redis", "unix"):
-            raise ValueError(f"the fast path takes redis:// or unix:// URLs, not {u.scheme}://")
-        query = dict(p.split("=", 1) for p in u.query.split("&") if "=" in p)
-        db = int(query.get("db", (u.path.strip("/") or "0") if u.scheme == "redis" else 0))
-        url_user = unquote(u.username) if u.username else query.get("username")
-        url_password = unquote(u.password) if u.password else query.get("password")
+        """The URL read as redis-py reads it (its own parser: the two paths must agree on the
+        credentials), with explicitly given ones winning."""
+        scheme = urlsplit(url).scheme
+        if scheme not in ("redis", "unix"):
+            raise ValueError(f"the fast path takes redis:// or unix:// URLs, not {scheme}://")
+        parts: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
         return cls(
-            unix_path=u.path if u.scheme == "unix" else None,
-            host=u.hostname or "127.0.0.1", port=u.port or 6379, db=db,
-            username=username if username is not None else url_user,
-            password=password if password is not None else (
-                unquote(url_password) if url_password else None))
+            unix_path=parts.get("path") if scheme == "unix" else None,
+            host=parts.get("host") or "127.0.0.1", port=int(parts.get("port") or 6379),
+            db=int(parts.get("db") or 0),
+            username=username if username is not None else parts.get("username"),
+            password=password if password is not None else parts.get("password"))
 
 
 def _command(*parts: bytes) -> bytes:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +35,7 @@ from cleave.operator.autoscaler.policy import (
     RoleSignals,
     ScalingState,
     decide,
+    seed,
 )
 from cleave.operator.autoscaler.policy_from_spec import config_from_spec
 from cleave.operator.autoscaler.signals import ROUTER, SignalCollector, Target, collect
@@ -44,9 +45,6 @@ from cleave.operator.status import PodCounts, count_pods, is_ready, live_pods
 
 log = logging.getLogger("cleave.operator.autoscaler")
 SCRAPE_TIMEOUT_S = 2.0
-# Old enough to fall outside a zero up-window (a seed must not block the first scale-up),
-# young enough to sit inside any scale-down delay.
-_SEED_AGE_S = 1e-3
 PostEvent = Callable[[str, str], None]  # (reason, message) -> a Normal Event on the service
 
 
@@ -88,19 +86,6 @@ def metrics_url(pod: Mapping[str, Any]) -> str | None:
                 host = f"[{ip}]" if ":" in ip else ip
                 return f"http://{host}:{port['containerPort']}/metrics"
     return None
-
-
-def policy_config(spec: LLMServiceSpec) -> PolicyConfig:
-    """The policy's config, with the spec's scale-down delay as every role's down window."""
-    cfg = config_from_spec(spec)
-    delay = spec.autoscaler.scale_down_delay_seconds
-    return replace(cfg, roles={r: replace(p, down_window_s=delay) for r, p in cfg.roles.items()})
-
-
-def seed(now: float, replicas: Mapping[str, int]) -> ScalingState:
-    """A fresh policy history that remembers recommending the current replicas (see the
-    module docstring: why a restart cannot cause a premature scale-down)."""
-    return ScalingState({r: ((now - _SEED_AGE_S, n),) for r, n in replicas.items()})
 
 
 @dataclass(frozen=True)
@@ -230,7 +215,7 @@ class ServiceAutoscaler:
         except SpecError:
             return 5.0  # the reconcile reports the spec; look again soon
         try:
-            cfg = policy_config(spec)
+            cfg = config_from_spec(spec)
         except ValueError as e:  # e.g. the minimum replicas alone need more than the budget
             if str(e) != self._problem:
                 log.warning("%s/%s: cannot autoscale: %s", spec.namespace, spec.name, e)

@@ -89,6 +89,18 @@ class ScalingState:
     demand: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
 
+# Old enough to fall outside a zero up-window (a seed must not block the first scale-up),
+# young enough to sit inside any scale-down delay.
+_SEED_AGE_S = 1e-3
+
+
+def seed(now: float, replicas: Mapping[str, int]) -> ScalingState:
+    """A fresh history that remembers recommending the current replicas, for a loop that
+    starts (or restarts) with replicas already up: none is removed before a whole scale-down
+    window of new recommendations agrees, as if the loop had been running all along."""
+    return ScalingState({r: ((now - _SEED_AGE_S, n),) for r, n in replicas.items()})
+
+
 @dataclass(frozen=True)
 class Decision:
     role: str

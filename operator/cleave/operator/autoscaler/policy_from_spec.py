@@ -7,24 +7,27 @@ from cleave.operator.autoscaler.policy import DECODE, PREFILL, PolicyConfig, Rol
 from cleave.operator.spec import LLMServiceSpec, Role
 
 
-def _role_policy(role: Role, prefill: bool, startup_s: float) -> RolePolicy:
+def _role_policy(role: Role, prefill: bool, startup_s: float, down_s: float) -> RolePolicy:
     a = role.autoscaling
     if a is None:  # no autoscaling block: the user fixed the count
         return RolePolicy(role.replicas, role.replicas, gpus_per_replica=role.gpus_per_replica,
-                          startup_s=startup_s)
+                          down_window_s=down_s, startup_s=startup_s)
     # Without tokensPerSecondPerReplica the capacity-model rules stay off: latency and KV size
     # the role, helped only by a measured throughput.
     return RolePolicy(a.min_replicas, a.max_replicas,
                       a.ttft_seconds if prefill else a.tpot_seconds,
                       None if prefill else a.kv_cache_usage, role.gpus_per_replica,
-                      prior_throughput=a.tokens_per_second_per_replica, startup_s=startup_s)
+                      down_window_s=down_s, prior_throughput=a.tokens_per_second_per_replica,
+                      startup_s=startup_s)
 
 
 def config_from_spec(spec: LLMServiceSpec,
                      ratio_bounds: tuple[float, float] | None = None) -> PolicyConfig:
-    startup_s = spec.autoscaler.cold_start_seconds
-    roles = {DECODE: _role_policy(spec.decode, prefill=False, startup_s=startup_s)}
+    """The policy's config; the spec's scale-down delay is every role's down window."""
+    timing = {"startup_s": spec.autoscaler.cold_start_seconds,
+              "down_s": spec.autoscaler.scale_down_delay_seconds}
+    roles = {DECODE: _role_policy(spec.decode, prefill=False, **timing)}
     if spec.prefill is not None:
-        roles[PREFILL] = _role_policy(spec.prefill, prefill=True, startup_s=startup_s)
+        roles[PREFILL] = _role_policy(spec.prefill, prefill=True, **timing)
     return PolicyConfig(roles, spec.gpu_budget, ratio_bounds, spec.scale_to_zero,
                         spec.autoscaling_mode)

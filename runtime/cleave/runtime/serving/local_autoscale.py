@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 
 from cleave.operator.autoscaler import metrics, report
-from cleave.operator.autoscaler.policy import Decision, ScalingState, decide
+from cleave.operator.autoscaler.policy import Decision, ScalingState, decide, seed
 from cleave.operator.autoscaler.signals import SignalCollector, Target, collect
 from cleave.operator.status import PodCounts
 from cleave.runtime.serving.autoscale_settings import AutoscaleSettings
@@ -52,7 +52,7 @@ class LocalAutoscaler:
         # Stale after a few missed scrapes, never sooner than a slow scrape could answer.
         self.collector = SignalCollector(settings.metrics_window_s,
                                          stale_after_s=max(10.0, 3 * settings.interval_s))
-        self.state = ScalingState()
+        self.state: ScalingState | None = None  # seeded at the first tick
         # What the operator keeps in status.autoscaler, in memory: which decisions were told.
         self.told: dict[str, Any] | None = None
         self._drains: set[asyncio.Task[None]] = set()
@@ -94,6 +94,10 @@ class LocalAutoscaler:
                                       for p in scraped],
             {r: PodCounts(ready=len(ready[r]), starting=len(starting[r])) for r in roles},
             now, timeout_s=min(2.0, self.settings.interval_s))
+        if self.state is None:
+            # As the operator does: workers up at start count as recommended already, so none
+            # is removed before a whole --scale-down-window of decisions agrees.
+            self.state = seed(now, {r: len(ready[r]) + len(starting[r]) for r in roles})
         decisions, self.state = decide(now, signals, self.settings.policy, self.state)
         advisory = self.settings.advisory
         # The operator's rule for what to tell (and act on): a desired count that differs
