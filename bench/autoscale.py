@@ -98,11 +98,17 @@ def main() -> int:
             print(f"{kind:8s} {policy:7s} {att:15.4f} {ratio:15.2f}")
     log(f"done in {time.monotonic() - started:.0f} s")
     figures: dict[str, float] = {}
-    for policy in ("cleave", "llmd", "hpa"):
+    for policy in POLICIES:
         figures[f"{policy}_slo_attainment"] = round(
             min(per_trace[k][policy][0] for k in TRACES), 4)
         figures[f"{policy}_gpu_hours_over_static"] = round(
             statistics.fmean(per_trace[k][policy][1] for k in TRACES), 3)
+    # The reference itself: static may give up short of its goal at MAX_REPLICAS per role,
+    # and every ratio above is over it.
+    figures["static_slo_attainment"] = round(min(per_trace[k]["static"][0] for k in TRACES), 4)
+    if figures["static_slo_attainment"] < 0.99:
+        log("static provisioning missed its 0.99 goal at the replica limit: the GPU-hour "
+            "ratios are over a deployment that fails the SLO")
     print(json.dumps(figures))
     return 0
 

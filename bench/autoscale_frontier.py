@@ -32,11 +32,10 @@ from cleave.operator.autoscaler.baselines import Autoscaler, CleaveAutoscaler
 from cleave.operator.autoscaler.costmodel import build_cost_model
 from cleave.operator.autoscaler.policy import DECODE, PREFILL, PolicyConfig
 from cleave.operator.autoscaler.scenarios import (
-    UTILIZATION,
-    capacity_estimate,
     cleave_config,
     oracle_schedule,
     size_static,
+    warm_start,
 )
 from cleave.operator.autoscaler.simulator import SimConfig, simulate
 from cleave.operator.autoscaler.traces import Trace, make_trace
@@ -73,8 +72,7 @@ def one_trace(kind: str, seed: int, cfg: SimConfig, duration: float
     trace = make_trace(kind, duration, None, seed)
     _, static = size_static(trace, cfg, MAX_REPLICAS)
     base = static.gpu_hours()
-    first = sum(r.arrival < 60.0 for r in trace.requests) / 60.0
-    warm = capacity_estimate(cfg, trace, UTILIZATION, first)
+    warm = warm_start(cfg, trace)
     points: dict[str, tuple[float, float]] = {}
     default = cleave_config(cfg, trace, MAX_REPLICAS)
     for u in UTILIZATIONS:

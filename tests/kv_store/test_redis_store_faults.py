@@ -292,3 +292,17 @@ def test_fast_path_takes_credentials_from_the_url_query_too() -> None:
     assert Endpoint.from_url("redis://:p%2541@h/0").password == "p%41"
     assert Endpoint.from_url("unix:///tmp/r.sock?db=3&username=u%40x").username == "u@x"
     assert Endpoint.from_url("unix:///tmp/r.sock?db=3").unix_path == "/tmp/r.sock"
+
+
+@pytest.mark.parametrize(("url", "bare", "password"), [
+    ("redis://:s%40cret@h:6379/0", "redis://h:6379/0", "s@cret"),
+    ("redis://svc:pw@h/0", "redis://svc@h/0", "pw"),  # an ACL user's name stays
+    ("unix:///tmp/r.sock?db=0&password=pw", "unix:///tmp/r.sock?db=0", "pw"),
+    ("redis://h/0", "redis://h/0", None),
+])
+def test_a_password_comes_out_of_the_url_whole(url: str, bare: str, password: str | None
+                                                ) -> None:
+    # cleave up passes it to its children in the environment: no command line may show it.
+    from cleave.kv_store.redis_config import split_password
+
+    assert split_password(url) == (bare, password)

@@ -213,8 +213,8 @@ def test_the_autoscaler_sees_only_scraped_windows() -> None:
     assert before and all(s.token_rate in (None, 0.0) and not s.queue_depth for s in before)
     after = [o.signals[PREFILL] for t, o in ask.seen if 300 < t <= 400]
     assert any((s.queue_depth or 0) > 100 for s in after)
-    # windowed p90 from the runtime's histogram buckets, not from the requests themselves
-    assert any(s.latency_p90 in (20.0, 40.0, 80.0) or (s.latency_p90 or 0) > 10 for s in after)
+    # The backlog shows as a windowed p90 TTFT of tens of seconds.
+    assert any((s.latency_p90 or 0) > 10 for s in after)
 
 
 def test_cleave_follows_the_step_up_and_back_down() -> None:

@@ -70,7 +70,7 @@ def test_a_break_after_the_last_token_finishes_at_once(tiny_engine_factory) -> N
     params = SamplingParams(max_tokens=5, ignore_eos=True)
     engine = tiny_engine_factory()
     kv = KVHandoff(block_hashes=[], blocks=[], first_token=9, earlier_tokens=(5, 6, 7, 8))
-    engine.add_request("done", [1, 2, 3], params, kv=kv)
-    outs = [o for _ in range(3) for o in engine.step()] if engine.has_unfinished else []
+    [out] = engine.enqueue(engine.make_sequence("done", [1, 2, 3], params, kv=kv), kv)
+    assert out.finished and out.finish_reason is FinishReason.LENGTH
+    assert out.new_token_ids == [] and out.num_output_tokens == 5  # nothing more to send
     assert not engine.has_unfinished
-    assert all(not o.new_token_ids for o in outs)

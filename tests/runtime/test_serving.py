@@ -341,7 +341,9 @@ def test_a_mostly_cached_prompt_skips_the_separate_prefill(stack: Stack) -> None
 
 
 @pytest.mark.parametrize("sampling", [{"top_k": 2.5}, {"max_tokens": True}, {"seed": "x"},
-                                      {"stop": [1]}, {"temperature": "hot"}])
+                                      {"stop": [1]}, {"temperature": "hot"}, {"stop": None},
+                                      {"stop": "ab"}, {"stop_token_ids": 5},
+                                      {"ignore_eos": "yes"}])
 def test_worker_refuses_mistyped_sampling_and_stays_alive(stack: Stack,
                                                           sampling: dict[str, object]) -> None:
     decode = next(w for w in stack.workers if w.name.startswith("decode"))

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.connection import parse_url
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,16 @@ def _without_password(url: str) -> str:
     if user:
         netloc = f"{user}@{netloc}"
     query = "&".join(p for p in u.query.split("&") if not p.lower().startswith("password="))
-    return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
+    # Not urlunsplit: it drops the "//" of a URL with no host, and unix:///path needs it.
+    return (f"{u.scheme}://{netloc}{u.path}" + (f"?{query}" if query else "")
+            + (f"#{u.fragment}" if u.fragment else ""))
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """The URL without its password (in the user info or ``?password=``), and that password
+    as redis-py reads it; the user name, if any, stays."""
+    password: str | None = parse_url(url).get("password")  # type: ignore[no-untyped-call]
+    return (_without_password(url), password) if password is not None else (url, None)
 
 
 def redis_py_client(config: RedisStoreConfig) -> Any:

@@ -102,14 +102,18 @@ def run_policy(kind: str, trace: Trace, cfg: SimConfig, max_replicas: int,
                static: tuple[int, int] | None = None,
                progress: Callable[[float, float], None] | None = None) -> SimResult:
     if kind == "static":
-        p, d = static or capacity_estimate(cfg, trace, UTILIZATION)
-        cfg = replace(cfg, initial=(p, d))
+        static = static or capacity_estimate(cfg, trace, UTILIZATION)
+        cfg = replace(cfg, initial=static)
     else:
-        # Autoscaled deployments start warm, sized for the first minute's load as if they had
-        # been running: the trace measures how they follow load, not a cold cluster's start.
-        first = sum(r.arrival < 60.0 for r in trace.requests) / 60.0
-        cfg = replace(cfg, initial=capacity_estimate(cfg, trace, UTILIZATION, first))
+        cfg = replace(cfg, initial=warm_start(cfg, trace))
     return simulate(trace, cfg, make_autoscaler(kind, cfg, trace, max_replicas, static), progress)
+
+
+def warm_start(cfg: SimConfig, trace: Trace) -> tuple[int, int]:
+    """Autoscaled deployments start warm, sized for the first minute's load as if they had
+    been running: the trace measures how they follow load, not a cold cluster's start."""
+    first = sum(r.arrival < 60.0 for r in trace.requests) / 60.0
+    return capacity_estimate(cfg, trace, UTILIZATION, first)
 
 
 def size_static(trace: Trace, cfg: SimConfig, max_replicas: int, goal: float = 0.99,

@@ -18,11 +18,11 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
+from cleave.kv_store.redis_config import split_password
 from cleave.runtime.serving.autoscale_settings import (
     AutoscaleSettings,
     add_autoscale_arguments,
@@ -36,12 +36,11 @@ from cleave.runtime.serving.commands import (
 )
 from cleave.runtime.serving.local_autoscale import LocalAutoscaler
 from cleave.runtime.serving.local_processes import (
-    MAX_WORKER_RESTARTS,
     Supervisor,
     engine_flags,
 )
 
-__all__ = ["MAX_WORKER_RESTARTS", "add_up_parser", "run_up"]
+__all__ = ["add_up_parser", "run_up"]
 
 
 def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -83,12 +82,12 @@ messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
 
 def _password_to_env(url: str, env: dict[str, str]) -> str:
     """``ps`` shows every process's command line to every user: a password inside
-    ``--redis-url`` reaches the workers and the router through their environment instead."""
-    parts = urlsplit(url)
-    if parts.password is None or parts.username not in (None, "", "default"):
-        return url  # an ACL user's password stays with its name
-    env["CLEAVE_REDIS_PASSWORD"] = unquote(parts.password)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    ``--redis-url`` reaches the workers and the router through their environment instead
+    (where it wins over the URL; an ACL user's name stays in the URL)."""
+    url, password = split_password(url)
+    if password is not None:
+        env["CLEAVE_REDIS_PASSWORD"] = password
+    return url
 
 
 def _router_command(args: argparse.Namespace, redis_url: str, sup: Supervisor,

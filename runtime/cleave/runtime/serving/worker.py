@@ -24,7 +24,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -62,9 +62,14 @@ def sampling_from_json(data: Any) -> SamplingParams:
     for k in _FLOAT_FIELDS:
         if k in data and (isinstance(data[k], bool) or not isinstance(data[k], int | float)):
             raise RequestError(f"sampling.{k} must be a number")
-    if not all(isinstance(s, str) for s in data.get("stop", [])) or \
-            not all(_is_int(t) for t in data.get("stop_token_ids", [])):
-        raise RequestError("sampling.stop must be strings and stop_token_ids integers")
+    checks: tuple[tuple[str, Callable[[Any], bool]], ...] = (
+        ("stop", lambda v: isinstance(v, str)), ("stop_token_ids", _is_int))
+    for k, ok in checks:
+        if not isinstance(data.get(k, []), list) or not all(ok(v) for v in data.get(k, [])):
+            raise RequestError(f"sampling.{k} must be a list of "
+                               f"{'strings' if k == 'stop' else 'integers'}")
+    if not isinstance(data.get("ignore_eos", False), bool):
+        raise RequestError("sampling.ignore_eos must be true or false")
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                               for k, v in data.items()}
     try:
@@ -201,10 +206,10 @@ class Worker:
         try:
             rid, ids, params, body = await self._parse(request)
             first = body.get("first_token")
-            if first is not None and not isinstance(first, int):
+            if first is not None and not _is_int(first):
                 raise RequestError("first_token must be an integer")
             earlier = body.get("earlier_token_ids") or []
-            if not isinstance(earlier, list) or not all(isinstance(t, int) for t in earlier):
+            if not isinstance(earlier, list) or not all(_is_int(t) for t in earlier):
                 raise RequestError("earlier_token_ids must be a list of integers")
             if earlier and first is None:
                 raise RequestError("earlier_token_ids needs first_token")
