@@ -352,3 +352,15 @@ def test_a_seeded_history_keeps_idle_replicas_for_the_whole_down_window() -> Non
         assert held.desired == 1, now
     [later], _ = decide(61.0, idle, cfg, state)
     assert later.desired == 0
+
+
+def test_the_loop_runs_for_exactly_the_services_the_spec_says_are_autoscaled() -> None:
+    from cleave.operator.handlers import _autoscaled
+
+    assert _autoscaled(body=spec_of(prefill=AUTO))
+    assert not _autoscaled(body=spec_of(prefill={"replicas": 2}))  # counts fixed by the user
+    assert not _autoscaled(body=spec_of(prefill=AUTO, mode="External"))
+    assert not _autoscaled(body=spec_of(prefill=AUTO, mode="Disabled"))
+    broken = spec_of(prefill=AUTO)
+    broken["spec"]["decode"] = "not an object"
+    assert not _autoscaled(body=broken)  # unreadable: reported Degraded, never scaled

@@ -85,3 +85,20 @@ async def test_a_dying_engine_fails_every_request_and_refuses_new_ones(tiny_engi
             await asyncio.wait_for(anext(engine.generate([3], SamplingParams())), timeout=5)
     finally:
         engine.shutdown()
+
+
+async def test_a_request_in_flight_at_shutdown_ends_instead_of_hanging(tiny_engine_factory
+                                                                      ) -> None:
+    from cleave.runtime.engine.async_engine import EngineDeadError
+
+    engine = AsyncEngine(tiny_engine_factory())
+    stream = engine.generate([3, 4, 5], SamplingParams(max_tokens=400, ignore_eos=True))
+    await anext(stream)  # running
+    engine.shutdown()
+    with pytest.raises(EngineDeadError, match="shut down"):
+        await asyncio.wait_for(_drain(stream), timeout=10)
+
+
+async def _drain(stream) -> None:  # type: ignore[no-untyped-def]
+    async for _ in stream:
+        pass

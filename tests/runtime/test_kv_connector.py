@@ -152,3 +152,22 @@ async def test_two_engines_share_kv_through_a_real_redis(engines) -> None:  # ty
         for s in stores:
             await s.close()
         server.stop()
+
+
+def test_store_warnings_are_throttled_and_count_what_they_muted(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from cleave.runtime import kv_connector
+
+    clock = [100.0]
+    monkeypatch.setattr(kv_connector.time, "monotonic", lambda: clock[0])
+    throttle = kv_connector.ThrottledWarning(logging.getLogger("throttle-test"), 10.0)
+    caplog.set_level("WARNING", logger="throttle-test")
+    for _ in range(5):
+        throttle.warn("load", "store down")
+    throttle.warn("save", "store down")  # another kind has its own allowance
+    clock[0] = 111.0
+    throttle.warn("load", "store down")
+    assert [r.getMessage() for r in caplog.records] == [
+        "store down", "store down", "store down (4 more like it in the last 11 s)"]

@@ -58,6 +58,9 @@ class BlockStore(Protocol):
     async def delete_namespace(self) -> int:
         """Delete every block of this store's namespace; returns the number deleted."""
 
+    async def problem(self) -> str | None:
+        """Why the store cannot serve right now (never the password), or None."""
+
     async def close(self) -> None: ...
 
 
@@ -112,6 +115,9 @@ class MemoryBlockStore:
         for k in doomed:
             del self.values[k]
         return len(doomed)
+
+    async def problem(self) -> str | None:
+        return None
 
     async def close(self) -> None:
         return None

@@ -22,6 +22,7 @@ from cleave.operator.autoscaler import metrics
 from cleave.operator.autoscaler.controller import ServiceAutoscaler
 from cleave.operator.kube import GROUP, PLURAL, VERSION, Kube
 from cleave.operator.reconcile import reconcile
+from cleave.operator.spec import SpecError, parse_spec
 from cleave.operator.status import reconciled_part
 
 # How often children are re-compared (pods turn ready, someone edits a child by hand).
@@ -86,14 +87,14 @@ if RECHECK_SECONDS > 0:  # 0 turns rechecks off (then kopf needs no finalizer on
                initial_delay=RECHECK_SECONDS)(recheck)
 
 
-def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
-    """Whether the Cleave autoscaler owns a role of this service (mode Cleave and a role with
-    an autoscaling block). kopf starts the loop when this turns true and stops it when it
-    turns false, so External and Disabled services never have one."""
-    if (spec.get("autoscaling") or {}).get("mode", "Cleave") != "Cleave":
+def _autoscaled(body: kopf.Body, **_: Any) -> bool:
+    """Whether the Cleave autoscaler owns a role of this service (the spec's own rule).
+    kopf starts the loop when this turns true and stops it when it turns false, so External,
+    Disabled and unreadable services never have one."""
+    try:
+        return bool(parse_spec(body).autoscaled_roles())
+    except SpecError:
         return False
-    return any(isinstance(spec.get(r), dict) and spec[r].get("autoscaling") is not None
-               for r in ("prefill", "decode"))
 
 
 async def autoscale(*, body: kopf.Body, stopped: kopf.DaemonStopped,

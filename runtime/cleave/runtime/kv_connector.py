@@ -59,8 +59,8 @@ class ThrottledWarning:
             return
         self._last[kind] = now
         muted = self._muted.pop(kind, 0)
-        if muted:
-            message += f" ({muted} more like it in the last {now - (last or now):.0f} s)"
+        if muted and last is not None:
+            message += f" ({muted} more like it in the last {now - last:.0f} s)"
         self.logger.warning("%s", message)
 
 

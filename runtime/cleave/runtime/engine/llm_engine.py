@@ -142,7 +142,7 @@ class LLMEngine:
                        prefill_only=prefill_only, sampling_seed=seed)
         if kv is not None:
             if kv.first_token is not None:
-                out = [*kv.earlier_tokens, kv.first_token]
+                out = kv.output_tokens
                 if any(not 0 <= t < self.shape.vocab_size for t in out):
                     raise RequestError(f"output token ids must be in [0, {self.shape.vocab_size})")
                 seq.token_ids.extend(out)
@@ -182,7 +182,7 @@ class LLMEngine:
         if kv is not None and kv.first_token is not None:
             # The caller has these tokens' text, exactly as far as a detokenizer fed them one by
             # one would have handed it out (held-back bytes and stop-string prefixes included).
-            self._detok[seq.request_id].replay([*kv.earlier_tokens, kv.first_token])
+            self._detok[seq.request_id].replay(kv.output_tokens)
             reason = seq.stop_reason_after(kv.first_token, self.max_model_len)
             if reason is not None or self._detok[seq.request_id].stopped:
                 # The prefill side's first token already ended the request.

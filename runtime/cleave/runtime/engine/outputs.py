@@ -31,6 +31,11 @@ class KVHandoff:
     buffer: torch.Tensor | None = None
     header_room: int = 0
 
+    @property
+    def output_tokens(self) -> list[int]:
+        """Every output token the receiver holds as already handed out, first_token last."""
+        return [] if self.first_token is None else [*self.earlier_tokens, self.first_token]
+
 
 @dataclass
 class RequestOutput:

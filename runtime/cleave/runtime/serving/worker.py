@@ -133,9 +133,7 @@ class Worker:
 
     async def store_problem(self) -> str | None:
         """Why the KV store cannot serve (e.g. a refused password), or None when it can."""
-        check = getattr(self.connector.store, "problem", None) if self.connector else None
-        problem = await check() if check else None
-        return None if problem is None else str(problem)
+        return await self.connector.store.problem() if self.connector else None
 
     async def stats(self, _: web.Request) -> web.Response:
         core = self.engine.engine
