@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -89,7 +89,7 @@ def parse_metrics(text: str) -> PodMetrics:
     return PodMetrics(histograms, values, frozenset(roles))
 
 
-def _delta(older: Histogram | None, newer: Histogram) -> tuple[float, ...] | None:
+def _delta(older: Histogram | None, newer: Histogram) -> tuple[float, ...]:
     """Per-bucket cumulative counts observed between two scrapes; a reset (the pod restarted)
     or no older scrape means everything since the process started."""
     if older is None or older.bounds != newer.bounds or older.count > newer.count:
@@ -114,8 +114,14 @@ def _quantile(q: float, bounds: tuple[float, ...], cumulative: tuple[float, ...]
 
 def histogram_quantile(q: float, older: Histogram | None, newer: Histogram) -> float | None:
     """Quantile of the observations made between two scrapes; None if there were none."""
-    delta = _delta(older, newer)
-    return None if delta is None else _quantile(q, newer.bounds, delta)
+    return _quantile(q, newer.bounds, _delta(older, newer))
+
+
+def _count_of(name: str) -> Callable[[PodMetrics], float | None]:
+    def read(m: PodMetrics) -> float | None:
+        h = m.histograms.get(name)
+        return None if h is None else h.count
+    return read
 
 
 @dataclass(frozen=True)
@@ -179,40 +185,26 @@ class SignalCollector:
                 continue  # one scrape is no window: wait for the next
             assert baseline.metrics is not None
             delta = _delta(baseline.metrics.histograms.get(name or ""), hist)
-            if delta is None or (bounds is not None and hist.bounds != bounds):
+            if bounds is not None and hist.bounds != bounds:
                 continue
             bounds = hist.bounds
             total = [a + b for a, b in zip(total, delta, strict=True)] if total else list(delta)
         return None if bounds is None else _quantile(q, bounds, tuple(total))
 
-    def _rate(self, name: str, fresh: list[tuple[_Scrape | None, _Scrape, list[_Scrape]]]
-              ) -> float | None:
+    @staticmethod
+    def _rate(read: Callable[[PodMetrics], float | None],
+              fresh: list[tuple[_Scrape | None, _Scrape, list[_Scrape]]]) -> float | None:
+        """Growth per second of a counter ``read`` from each pod's metrics, summed over the
+        pods with a window (a counter that went down restarted: all of it is new)."""
         rate, seen = 0.0, False
         for baseline, newest, _ in fresh:
             if baseline is None or newest.at <= baseline.at:
                 continue
             assert baseline.metrics is not None and newest.metrics is not None
-            now_v, then_v = newest.metrics.values.get(name), baseline.metrics.values.get(name)
+            now_v, then_v = read(newest.metrics), read(baseline.metrics)
             if now_v is None:
                 continue
             grown = now_v if then_v is None or then_v > now_v else now_v - then_v
-            rate += grown / (newest.at - baseline.at)
-            seen = True
-        return rate if seen else None
-
-    def _count_rate(self, name: str,
-                    fresh: list[tuple[_Scrape | None, _Scrape, list[_Scrape]]]) -> float | None:
-        """Observations per second of histogram ``name`` over the window: requests served."""
-        rate, seen = 0.0, False
-        for baseline, newest, _ in fresh:
-            if baseline is None or newest.at <= baseline.at:
-                continue
-            assert baseline.metrics is not None and newest.metrics is not None
-            new = newest.metrics.histograms.get(name)
-            old = baseline.metrics.histograms.get(name)
-            if new is None:
-                continue
-            grown = new.count - (old.count if old is not None and old.count <= new.count else 0)
             rate += grown / (newest.at - baseline.at)
             seen = True
         return rate if seen else None
@@ -256,14 +248,15 @@ class SignalCollector:
                       if n.metrics and KV_USAGE in n.metrics.values]
             kv = sum(usages) / len(usages) if usages else None
         tokens = _TOKENS.get(role, "")
-        token_rate = self._rate(tokens, fresh)
+        token_rate = self._rate(lambda m: m.values.get(tokens), fresh)
         if token_rate is None and not fresh and ready + starting == 0 and routers:
             token_rate = 0.0  # nothing exists to produce tokens
         return RoleSignals(
             latency_p90=self.quantile(role, 0.9, now), kv_usage=kv, queue_depth=queue,
             token_rate=token_rate, throughput_per_replica=self._saturated_rate(tokens, fresh),
             # Prefill's requests served/s (its TTFT count) turns queue growth into demand.
-            request_rate=self._count_rate(TTFT, fresh) if role == PREFILL else None,
+            # Requests served: observations of the TTFT histogram.
+            request_rate=self._rate(_count_of(TTFT), fresh) if role == PREFILL else None,
             ready=ready, starting=starting, pending=pending)
 
 
