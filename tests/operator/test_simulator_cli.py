@@ -76,7 +76,10 @@ def test_cli_reads_a_jsonl_trace_and_rejects_a_bad_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [["--trace", "nope"], ["--gpu", "B200"], ["--rate", "-1"],
-                                  ["--policy", "static", "--static-replicas", "2"]])
+                                  ["--policy", "static", "--static-replicas", "2"],
+                                  ["--policy", "static", "--static-replicas", "0,1"],
+                                  ["--cold-start", "-1"], ["--max-replicas", "0"],
+                                  ["--rate", "0.0001"]])  # a trace with no request
 def test_cli_bad_input_is_a_clear_error(tmp_path: Path, args: list[str]) -> None:
     proc = cleave("simulate", *args, "--duration", "60", cwd=tmp_path)
     assert proc.returncode == 2 and "error" in proc.stderr and "Traceback" not in proc.stderr

@@ -43,4 +43,10 @@ async def test_a_worker_whose_engine_dies_exits_to_be_restarted(
                 "message"]
         async with session.get(url + "/health") as r:
             assert r.status == 503
+        async with session.get(url + "/ready") as r:
+            assert r.status == 503
+        async with session.get(url + "/internal/stats") as r:
+            assert (await r.json())["draining"] is True  # the router takes it out of rotation
+        async with session.post(url + "/internal/prefill", json=body) as r:
+            assert r.status == 503
     assert await asyncio.wait_for(serving, 10) == 1  # the process's exit code
