@@ -23,7 +23,7 @@ from cleave.operator.autoscaler.policy import (
     decide,
 )
 from cleave.operator.autoscaler.policy_from_spec import config_from_spec
-from cleave.operator.spec import parse_spec
+from cleave.operator.spec import SpecError, parse_spec
 
 # --- SLO error per role --------------------------------------------------------------------------
 
@@ -371,3 +371,14 @@ def test_near_zero_throughput_does_not_overflow() -> None:
     pol = RolePolicy(1, 6, latency_target=1.0)
     sig = RoleSignals(latency_p90=1.0, token_rate=1.0, throughput_per_replica=5e-324, ready=2)
     assert one(pol, sig).desired == 6
+
+
+def test_the_ratio_guard_comes_from_the_spec() -> None:
+    doc = _decode_spec()
+    doc["spec"]["autoscaling"]["prefillDecodeRatio"] = {"min": 0.5, "max": 2}
+    assert config_from_spec(parse_spec(doc)).ratio_bounds == (0.5, 2.0)
+    assert config_from_spec(parse_spec(_decode_spec())).ratio_bounds is None
+    for bad in ({"min": 2, "max": 1}, {"min": 0, "max": 1}, {"max": 1}, "1:2"):
+        doc["spec"]["autoscaling"]["prefillDecodeRatio"] = bad
+        with pytest.raises(SpecError, match="prefillDecodeRatio"):
+            parse_spec(doc)

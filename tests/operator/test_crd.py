@@ -115,7 +115,7 @@ def test_defaults_validate_against_their_schema() -> None:
 def test_every_rule_compiles_and_has_a_message() -> None:
     rules = [(p, r) for p, n in walk_schema(openapi_schema())
              for r in n.get("x-kubernetes-validations", [])]
-    assert len(rules) == 6
+    assert len(rules) == 7
     for path, rule in rules:
         assert rule.get("message"), path
         # a rule that does not compile raises here; evaluation errors just count as failures
@@ -239,3 +239,12 @@ def test_capacity_prior_and_cold_start_are_valid() -> None:
     spec = apply_defaults(with_spec(decode__autoscaling={"maxReplicas": 2}))["spec"]
     assert "coldStartSeconds" not in spec["autoscaling"]  # unset means no rise headroom
     assert "tokensPerSecondPerReplica" not in spec["decode"]["autoscaling"]
+
+
+def test_the_prefill_decode_ratio_guard_is_checked_by_the_api_server() -> None:
+    obj = with_spec(decode__autoscaling={"maxReplicas": 4},
+                    autoscaling={"prefillDecodeRatio": {"min": 0.5, "max": 2}})
+    assert validate(obj) == []
+    for bad in ({"min": 2, "max": 1}, {"min": 0, "max": 1}, {"min": 1}):
+        obj["spec"]["autoscaling"]["prefillDecodeRatio"] = bad
+        assert validate(obj) != [], bad

@@ -97,6 +97,7 @@ class AutoscalerOptions:
     dry_run: bool = False  # advisory: record decisions, never touch the Deployments
     prometheus_url: str | None = None  # read signals from this server instead of the pods
     cold_start_seconds: float = 0.0  # a new replica's time to ready; > 0 keeps room for rises
+    ratio_bounds: tuple[float, float] | None = None  # prefill/decode replicas kept within
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,17 @@ def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
     cold = raw.get("coldStartSeconds", 0)
     if isinstance(cold, bool) or not isinstance(cold, int | float) or not 0 <= cold < math.inf:
         raise SpecError(f"{where}.coldStartSeconds must be a finite number >= 0, got {cold!r}")
+    ratio = raw.get("prefillDecodeRatio")
+    bounds = None
+    if ratio is not None:
+        if not isinstance(ratio, Mapping):
+            raise SpecError(f"{where}.prefillDecodeRatio must be an object with min and max")
+        where_ratio = f"{where}.prefillDecodeRatio"
+        low = _optional_positive(ratio, "min", where_ratio)
+        high = _optional_positive(ratio, "max", where_ratio)
+        if low is None or high is None or low > high:
+            raise SpecError(f"{where_ratio} needs 0 < min <= max, got {dict(ratio)!r}")
+        bounds = (low, high)
     dry_run = raw.get("dryRun", False)
     if not isinstance(dry_run, bool):  # bool("false") is True: a quoted YAML value would act
         raise SpecError(f"{where}.dryRun must be true or false, got {dry_run!r}")
@@ -206,7 +218,8 @@ def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
         raise SpecError(f"{where}.windowSeconds {window:g} < intervalSeconds {interval:g}")
     return AutoscalerOptions(
         interval_seconds=interval, window_seconds=window, scale_down_delay_seconds=float(delay),
-        dry_run=dry_run, prometheus_url=url, cold_start_seconds=float(cold))
+        dry_run=dry_run, prometheus_url=url, cold_start_seconds=float(cold),
+        ratio_bounds=bounds)
 
 
 def parse_spec(obj: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> LLMServiceSpec:

@@ -21,13 +21,12 @@ def _role_policy(role: Role, prefill: bool, startup_s: float, down_s: float) -> 
                       startup_s=startup_s)
 
 
-def config_from_spec(spec: LLMServiceSpec,
-                     ratio_bounds: tuple[float, float] | None = None) -> PolicyConfig:
+def config_from_spec(spec: LLMServiceSpec) -> PolicyConfig:
     """The policy's config; the spec's scale-down delay is every role's down window."""
     timing = {"startup_s": spec.autoscaler.cold_start_seconds,
               "down_s": spec.autoscaler.scale_down_delay_seconds}
     roles = {DECODE: _role_policy(spec.decode, prefill=False, **timing)}
     if spec.prefill is not None:
         roles[PREFILL] = _role_policy(spec.prefill, prefill=True, **timing)
-    return PolicyConfig(roles, spec.gpu_budget, ratio_bounds, spec.scale_to_zero,
+    return PolicyConfig(roles, spec.gpu_budget, spec.autoscaler.ratio_bounds, spec.scale_to_zero,
                         spec.autoscaling_mode)
