@@ -164,7 +164,8 @@ def test_a_pod_that_does_not_answer_holds_instead_of_scaling_down(
         # The same pod answering with an idle profile is read as idle: the loop was alive.
         failing.status = 200
         eventually(lambda: replicas(emu, "chat-prefill") == 1)
-        decision = autoscaler_status(emu, "chat")["decisions"][0]
+        # The Deployment is scaled first, then the decision published: wait for the status.
+        decision = eventually(lambda: autoscaler_status(emu, "chat").get("decisions"))[0]
         assert decision["reason"].startswith("idle: no queue and no tokens")
         assert (decision["current"], decision["desired"]) == (2, 1)
 
