@@ -4,6 +4,7 @@ a timed check that a call ends in StoreUnavailable. The fixtures are in ``confte
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -62,6 +63,14 @@ def make_blocks(n: int, *, seed: int = 0, shape: tuple[int, ...] = SHAPE,
 def same_bits(stored: StoredBlock, t: torch.Tensor) -> bool:
     back = torch.frombuffer(bytearray(stored.payload), dtype=torch.bfloat16)
     return torch.equal(back.view(stored.header.shape).view(torch.int16), t.view(torch.int16))
+
+
+def fill(plain: Any, sizes: dict[bytes, int]) -> dict[bytes, bytes]:
+    """Random values of these sizes under these keys, written with a plain redis-py client."""
+    values = {k: os.urandom(n) for k, n in sizes.items()}
+    plain.delete(*values)
+    plain.mset(values)
+    return values
 
 
 def unique_namespace(tag: str = "t") -> str:

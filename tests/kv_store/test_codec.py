@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import pytest
@@ -14,11 +15,14 @@ from cleave.kv_store.codec import (
     MAGIC,
     BlockHeader,
     CorruptBlock,
+    HeaderWriter,
     decode,
     encode,
     encode_into,
     header_size,
 )
+from cleave.kv_store.keys import KeySpace
+from cleave.kv_store.store import EncodedBlock, MemoryBlockStore
 
 FP = KVFingerprint("tiny-llama", "sha256:abc", "bfloat16", num_layers=2, num_kv_heads=2,
                    head_dim=16, block_size=16, salt="t")
@@ -125,6 +129,39 @@ def test_encode_into_rejects_a_buffer_of_the_wrong_size() -> None:
     for n in (size - 1, size + 1, header.payload_len):
         with pytest.raises(ValueError):
             encode_into(memoryview(bytearray(n)), header)
+
+
+def test_a_deferred_header_is_checked_now_and_written_when_called() -> None:
+    t = bf16_tensor((2, 8))
+    header = header_for(t)
+    writer = HeaderWriter(header.dtype, header.shape, header.num_tokens)
+    buf = bytearray(writer.value_size)
+    buf[writer.header_size:] = tensor_bytes(t)
+    seal = writer.deferred(memoryview(buf), header.block_hash)
+    assert bytes(buf[:writer.header_size]) == bytes(writer.header_size)  # not yet
+    seal()
+    assert bytes(buf) == encode(header, tensor_bytes(t))  # the same value encode makes
+    # A wrong size or hash is an error when the block is prepared, not when it goes out.
+    with pytest.raises(ValueError, match="needs"):
+        writer.deferred(memoryview(bytearray(writer.value_size + 1)), header.block_hash)
+    with pytest.raises(ValueError, match="32 bytes"):
+        writer.deferred(memoryview(buf), b"short")
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        HeaderWriter("int8", (2, 8), 16)
+
+
+def test_a_store_seals_a_block_before_keeping_it() -> None:
+    t = bf16_tensor((2, 8))
+    header = header_for(t)
+    writer = HeaderWriter(header.dtype, header.shape, header.num_tokens)
+    buf = bytearray(writer.value_size)
+    buf[writer.header_size:] = tensor_bytes(t)
+    block = EncodedBlock(header.block_hash, memoryview(buf),
+                         seal=writer.deferred(memoryview(buf), header.block_hash))
+    store = MemoryBlockStore(KeySpace("seal", HASHES[0]))
+    assert asyncio.run(store.put_many([block])) == 1
+    (got,) = asyncio.run(store.get_many([header.block_hash]))
+    assert got is not None and got.header == header
 
 
 def _sample_positions(n: int) -> list[int]:

@@ -25,7 +25,7 @@ from redis_store_support import (
 )
 
 from cleave.kv_store.block_hash import chain_hashes
-from cleave.kv_store.codec import BlockHeader, encode, encode_into, header_size
+from cleave.kv_store.codec import BlockHeader, HeaderWriter, encode, header_size
 from cleave.kv_store.store import EncodedBlock
 
 # --- single node: data path ---------------------------------------------------------------
@@ -75,30 +75,38 @@ async def test_realistic_blocks_round_trip_bit_exactly(redis_server: RedisServer
     assert all(s is not None and same_bits(s, t) for s, t in zip(got, tensors, strict=True))
 
 
-async def test_memoryview_values_written_in_place_are_stored(redis_server: RedisServer,
-                                                             make_store: MakeStore) -> None:
-    """The producer's zero-copy path: payload laid in a buffer, header by encode_into."""
-    store = make_store(redis_server.url)
-    hashes = chain_hashes(FP.root_hash(), list(range(3 * BLOCK)), BLOCK)
-    blocks, tensors = [], []
+@pytest.mark.parametrize("splice_sends", [True, False])
+async def test_values_sealed_as_they_go_out_are_stored(redis_server: RedisServer,
+                                                      make_store: MakeStore,
+                                                      splice_sends: bool) -> None:
+    """The producer's zero-copy path: payloads laid in writable buffers, each header written
+    by the store just before its value goes out (spliced, or copied), as the engine saves."""
+    store = make_store(redis_server.unix_url, splice_sends=splice_sends)
+    shape = (8, 2, 2, BLOCK, 64)  # 64 KiB + the header: large enough to be spliced
+    headers = HeaderWriter("bfloat16", shape, BLOCK)
+    hashes = chain_hashes(FP.root_hash(), list(range(12 * BLOCK)), BLOCK)
+    blocks, tensors, buffers = [], [], []
     for i, h in enumerate(hashes):
-        t = bf16_payload(SHAPE, 40 + i)
-        header = BlockHeader("bfloat16", SHAPE, BLOCK, h)
-        start = header_size(len(SHAPE))
-        buf = bytearray(start + header.payload_len)
-        buf[start:] = t.view(torch.uint8).numpy().tobytes()
-        encode_into(memoryview(buf), header)
-        blocks.append(EncodedBlock(h, memoryview(buf)))
+        t = bf16_payload(shape, 40 + i)
+        buf = bytearray(headers.value_size)
+        buf[headers.header_size:] = t.view(torch.uint8).numpy().tobytes()
+        blocks.append(EncodedBlock(h, memoryview(buf), seal=headers.deferred(memoryview(buf), h)))
         tensors.append(t)
-    assert await store.put_many(blocks) == 3
+        buffers.append(buf)
+    assert bytes(buffers[0][:4]) == bytes(4)  # no header until the store sends the value
+    assert await store.put_many(blocks) == 12
+    # Once put_many returns Redis has read every value: reusing the memory changes nothing.
+    for buf in buffers:
+        buf[:] = bytes(len(buf))
     got = await store.get_many(hashes)
     assert all(s is not None and same_bits(s, t) for s, t in zip(got, tensors, strict=True))
 
 
 async def test_many_small_pipelines_keep_order(redis_server: RedisServer,
                                                make_store: MakeStore) -> None:
-    store = make_store(redis_server.url, pipeline_depth=4, max_concurrency=2,
-                       pipeline_bytes=32 << 10)
+    # 8 KiB blocks: up to 4 commands in flight on each of 2 connections, 40 blocks.
+    store = make_store(redis_server.url, pipeline_depth=4, connections=2,
+                       put_bytes_in_flight=32 << 10, get_bytes_in_flight=24 << 10)
     blocks, tensors = make_blocks(40, seed=4)
     assert await store.put_many(blocks) == 40
     absent = chain_hashes(FP.root_hash(), [9] * (5 * BLOCK), BLOCK)

@@ -1,17 +1,16 @@
-"""The lean RESP client's GET path against a real redis-server: values land in leased memory,
-and a reply other than expected (rewritten, expired, an error) is still read correctly."""
+"""The lean RESP client against a real redis-server: its ordinary replies, and the pool."""
 
 from __future__ import annotations
 
-import os
+import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 from redis_servers import RedisServer
+from redis_store_support import fill
 
-from cleave.kv_store.buffers import HostBuffers
-from cleave.kv_store.resp import Endpoint, RespConnection, RespError
+from cleave.kv_store.resp import Endpoint, RespConnection, RespError, RespPool
 
 
 @pytest.fixture(params=["tcp", "unix"])
@@ -29,71 +28,37 @@ def plain(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-def keep(_: int, value: memoryview | bytearray | None) -> bytes | None:
-    return None if value is None else bytes(value)
-
-
-def fill(plain: redis.Redis, sizes: dict[bytes, int]) -> dict[bytes, bytes]:
-    values = {k: os.urandom(n) for k, n in sizes.items()}
-    plain.delete(*values)
-    plain.mset(values)
-    return values
-
-
-def test_values_of_known_sizes_land_in_one_lease(conn: RespConnection,
-                                                 plain: redis.Redis) -> None:
-    values = fill(plain, {b"resp:a": 3 << 20, b"resp:b": 1 << 20, b"resp:c": 70_000})
-    keys = list(values)
-    buffers = HostBuffers(16 << 20)
-    got = conn.get_many_into(keys, buffers, [len(values[k]) for k in keys],
-                             lambda _, v: v)
-    assert [bytes(v) if v is not None else None for v in got] == [values[k] for k in keys]
-    assert all(isinstance(v, memoryview) for v in got)  # no value was copied out
-    del got
-    assert buffers.cached_bytes >= (4 << 20)  # and the lease came back when they went
-
-
-def test_sizes_from_strlen_and_missing_keys(conn: RespConnection, plain: redis.Redis) -> None:
-    values = fill(plain, {b"resp:s1": 10, b"resp:s2": 200_000, b"resp:s3": 3})
-    plain.delete(b"resp:gone")
-    keys = [b"resp:s1", b"resp:gone", b"resp:s2", b"resp:s3", b"resp:gone"]
-    got = conn.get_many_into(keys, HostBuffers(8 << 20), None, keep)
-    assert got == [values[b"resp:s1"], None, values[b"resp:s2"], values[b"resp:s3"], None]
-
-
-@pytest.mark.parametrize("told", [
-    [100, 5000, 0, 7],  # the second value is shorter than told
-    [100, 5, 0, 7],  # longer
-    [100, 50, 64, 7],  # the third was expected but is missing
-    [0, 50, 0, 7],  # the first was expected missing but is there
-])
-def test_replies_other_than_told_are_read_the_ordinary_way(
-        conn: RespConnection, plain: redis.Redis, told: list[int]) -> None:
-    values = fill(plain, {b"resp:w1": 100, b"resp:w2": 50, b"resp:w4": 7})
-    plain.delete(b"resp:w3")
-    keys = [b"resp:w1", b"resp:w2", b"resp:w3", b"resp:w4"]
-    seen: list[int] = []
-
-    def each(i: int, value: memoryview | bytearray | None) -> bytes | None:
-        seen.append(i)
-        return keep(i, value)
-
-    got = conn.get_many_into(keys, HostBuffers(1 << 20), told, each)
-    assert got == [values[b"resp:w1"], values[b"resp:w2"], None, values[b"resp:w4"]]
-    assert seen == [0, 1, 2, 3]
-    # The connection is still in step with the server.
-    assert conn.get_many_into([b"resp:w2"], HostBuffers(1 << 20), None, keep) == [
-        values[b"resp:w2"]]
+def test_strlen_many_reports_zero_for_missing(conn: RespConnection, plain: redis.Redis) -> None:
+    fill(plain, {b"resp:l1": 1234})
+    plain.delete(b"resp:l2")
+    assert conn.strlen_many([b"resp:l1", b"resp:l2"]) == [1234, 0]
 
 
 def test_an_error_reply_raises(conn: RespConnection, plain: redis.Redis) -> None:
     plain.delete(b"resp:list")
     plain.rpush(b"resp:list", b"x")
     with pytest.raises(RespError, match="WRONGTYPE"):
-        conn.get_many_into([b"resp:list"], HostBuffers(1 << 20), [10], keep)
+        conn.strlen_many([b"resp:list"])
 
 
-def test_strlen_many_reports_zero_for_missing(conn: RespConnection, plain: redis.Redis) -> None:
-    fill(plain, {b"resp:l1": 1234})
-    plain.delete(b"resp:l2")
-    assert conn.strlen_many([b"resp:l1", b"resp:l2"]) == [1234, 0]
+def test_the_pool_hands_out_what_is_free_and_waits_for_the_rest(
+        redis_server: RedisServer) -> None:
+    pool = RespPool(Endpoint.from_url(redis_server.url), 3, timeout=2.0, connect_timeout=1.0)
+    try:
+        deadline = time.monotonic() + 2.0
+        first = pool.take(2, deadline)
+        assert len(first) == 2
+        second = pool.take(5, deadline)
+        assert len(second) == 1  # one was left: fewer than asked, never more than the size
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            pool.take(1, time.monotonic() + 0.2)
+        assert time.monotonic() - start < 1.0
+        pool.give_back(first, healthy=True)
+        again = pool.take(4, deadline)
+        assert {id(c) for c in again} == {id(c) for c in first}  # reused, not reconnected
+        pool.give_back(second, healthy=False)
+        assert second[0].sock.fileno() == -1  # out of step: closed, never reused
+        assert len(pool.take(4, deadline)) == 1  # its slot came back
+    finally:
+        pool.close()

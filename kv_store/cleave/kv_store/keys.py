@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 KEY_PREFIX = "cleave:v1"
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -28,8 +29,8 @@ class KeySpace:
         if len(self.fingerprint_root) != 32:
             raise ValueError("fingerprint_root must be a 32-byte sha256 digest")
 
-    @property
-    def prefix(self) -> bytes:
+    @cached_property
+    def prefix(self) -> bytes:  # made once: every block key of every transfer starts with it
         return f"{KEY_PREFIX}:{self.namespace}:{self.fingerprint_root[:8].hex()}:".encode()
 
     def block_key(self, block_hash: bytes) -> bytes:

@@ -23,6 +23,7 @@ from cleave.kv_store.keys import KeySpace
 from cleave.kv_store.redis_config import RedisStoreConfig, redis_py_client
 from cleave.kv_store.resp import Endpoint, RespConnection, RespPool
 from cleave.kv_store.store import EncodedBlock, StoredBlock, StoreUnavailable
+from cleave.kv_store.transfer import TransferLimits, get_many_into, set_many
 
 T = TypeVar("T")
 
@@ -46,21 +47,55 @@ def _check(block_hash: bytes, value: Any) -> _Read:
     return _Read(len(value), StoredBlock(header, payload))
 
 
+class _Tally:
+    """One call's store metrics, published at once (not a metric update per block)."""
+
+    def __init__(self) -> None:
+        self.hits = self.misses = self.corrupt = self.evictions = self.bytes_read = 0
+
+    def block(self, read: _Read) -> StoredBlock | None:
+        """The read's block, or None (a miss: absent, or corrupt), counted."""
+        if read.nbytes is None:
+            self.misses += 1
+            return None
+        self.bytes_read += read.nbytes
+        if read.block is None:
+            self.corrupt += 1
+            self.misses += 1
+            return None
+        self.hits += 1
+        return read.block
+
+    def publish(self) -> None:
+        for counter, n in ((metrics.STORE_HITS, self.hits), (metrics.STORE_MISSES, self.misses),
+                           (metrics.STORE_CORRUPT, self.corrupt),
+                           (metrics.STORE_EVICTIONS, self.evictions),
+                           (metrics.STORE_BYTES_READ, self.bytes_read)):
+            if n:
+                counter.inc(n)
+
+
 class RedisBlockStore:
     def __init__(self, keys: KeySpace, config: RedisStoreConfig) -> None:
         self.keys = keys
         self.config = config
         self._redis = redis_py_client(config)
-        self._pipelines = asyncio.Semaphore(config.max_concurrency)
+        self._pipelines = asyncio.Semaphore(config.connections)
+        self._put_limits = TransferLimits(config.connections, config.pipeline_depth,
+                                          config.put_bytes_in_flight)
+        self._get_limits = TransferLimits(config.connections, config.pipeline_depth,
+                                          config.get_bytes_in_flight)
         # Bulk SET/GET/STRLEN of one node go through the lean RESP path (see resp.py);
         # a cluster (slot routing) and TLS stay on redis-py.
         self._bulk: RespPool | None = None
         self._buffers = HostBuffers(config.read_buffer_cache_bytes)
         self._value_bytes: int | None = None  # the length of the values seen so far
         if not config.cluster and config.url.split("://")[0] in ("redis", "unix"):
+            # Twice one transfer's connections: two transfers at once both run at full width.
             self._bulk = RespPool(
                 Endpoint.from_url(config.url, config.username, config.password),
-                config.max_concurrency, config.timeout_seconds, config.connect_timeout_seconds)
+                2 * config.connections, config.timeout_seconds,
+                config.connect_timeout_seconds, config.splice_sends)
 
     async def _bounded(self, op: str, work: Callable[[], Awaitable[T]]) -> T:
         start = time.perf_counter()
@@ -103,18 +138,15 @@ class RedisBlockStore:
                     # One SET per block: header and payload land together or not at all. The
                     # memoryview goes to the socket writer as is (redis-py does not copy it).
                     b = blocks[i]
-                    pipe.set(self.keys.block_key(b.block_hash), b.value, ex=ttl)
+                    pipe.set(self.keys.block_key(b.block_hash), b.sealed_value(), ex=ttl)
             return go
 
         async def work() -> int:
-            batches = self._batches([b.nbytes for b in blocks])
             if self._bulk is not None:
-                bulk = self._bulk
-                counts = await asyncio.gather(*(asyncio.to_thread(
-                    bulk.run, RespConnection.set_many,
-                    [(self.keys.block_key(blocks[i].block_hash), blocks[i].value) for i in b],
-                    ttl) for b in batches))
-                return sum(counts)
+                items = [(self.keys.block_key(b.block_hash), b.value) for b in blocks]
+                return await asyncio.to_thread(set_many, self._bulk, items, ttl, self._put_limits,
+                                               [b.seal for b in blocks])
+            batches = self._batches([b.nbytes for b in blocks])
             results = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
             return sum(1 for batch in results for ok in batch if ok is True)
 
@@ -142,47 +174,30 @@ class RedisBlockStore:
 
         async def work() -> list[_Read]:
             guess = self._value_bytes
-            batches = self._batches([guess or _UNKNOWN_VALUE_BYTES] * len(hashes))
             if self._bulk is not None:
-                bulk, buffers = self._bulk, self._buffers
-
-                def read(batch: range) -> list[_Read]:
-                    part = hashes[batch.start:batch.stop]
-                    keys = [self.keys.block_key(h) for h in part]
-                    # No length known yet: the pipeline asks STRLEN first.
-                    sizes = [guess] * len(part) if guess else None
-                    return bulk.run(RespConnection.get_many_into, keys, buffers, sizes,
-                                    lambda i, value: _check(part[i], value), ttl)
-
-                results = await asyncio.gather(*(asyncio.to_thread(read, b) for b in batches))
+                keys = [self.keys.block_key(h) for h in hashes]
+                # No length known yet: the transfer asks STRLEN first.
+                sizes = [guess] * len(keys) if guess else None
+                reads = await asyncio.to_thread(
+                    get_many_into, self._bulk, keys, self._buffers, sizes,
+                    lambda i, value: _check(hashes[i], value), self._get_limits, ttl)
             else:
+                batches = self._batches([guess or _UNKNOWN_VALUE_BYTES] * len(hashes))
                 raw = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
-                results = [[_check(h, v) for h, v in zip(hashes[b.start:b.stop], values,
-                                                          strict=True)]
-                           for b, values in zip(batches, raw, strict=True)]
-            reads = [r for batch in results for r in batch]
+                reads = [_check(h, v) for b, values in zip(batches, raw, strict=True)
+                         for h, v in zip(hashes[b.start:b.stop], values, strict=True)]
             self._value_bytes = next((r.nbytes for r in reads if r.nbytes), guess)
             return reads
 
         return await self._bounded("get", work)
 
-    @staticmethod
-    def _count(read: _Read) -> StoredBlock | None:
-        if read.nbytes is None:
-            metrics.STORE_MISSES.inc()
-            return None
-        metrics.STORE_BYTES_READ.inc(read.nbytes)
-        if read.block is None:
-            metrics.STORE_CORRUPT.inc()
-            metrics.STORE_MISSES.inc()
-            return None
-        metrics.STORE_HITS.inc()
-        return read.block
-
     async def get_many(self, hashes: Sequence[bytes]) -> list[StoredBlock | None]:
         if not hashes:
             return []
-        return [self._count(r) for r in await self._read(hashes)]
+        tally = _Tally()
+        found = [tally.block(r) for r in await self._read(hashes)]
+        tally.publish()
+        return found
 
     async def longest_cached_prefix(self, hashes: Sequence[bytes]) -> int:
         """How many leading blocks are present (STRLEN: one small round trip, no values)."""
@@ -218,17 +233,19 @@ class RedisBlockStore:
         if not hashes:
             return []
         reads = await self._read(hashes)
+        tally = _Tally()
         prefix: list[StoredBlock] = []
         for i, read in enumerate(reads):
             if read.nbytes is None:
                 if any(later.nbytes is not None for later in reads[i + 1:]):
-                    metrics.STORE_EVICTIONS.inc()
-                    metrics.STORE_MISSES.inc()
+                    tally.evictions += 1
+                    tally.misses += 1
                 break
-            block = self._count(read)
+            block = tally.block(read)
             if block is None:
                 break
             prefix.append(block)
+        tally.publish()
         return prefix
 
     async def delete_namespace(self) -> int:

@@ -1,18 +1,19 @@
-"""A minimal RESP2 client for the block store's bulk path: pipelined SET, GET(EX) and STRLEN.
+"""A minimal RESP2 client for the block store's bulk path: connections, a reply parser, a pool.
 
 redis-py copies a large value three to four times on its way in or out (asyncio's write
 buffer, the parser's buffer, the reply object). Blocks are 64 KiB-1 MiB and move by the
-hundred, so the store talks to a single Redis node through blocking sockets instead: a
-pipeline of SETs goes out with one scatter-gather ``sendmsg`` straight from the exported
-tensors (zero copies), and GET replies are received straight into reused memory (one copy,
-the kernel's; see ``buffers``). Each call runs in a worker thread, so the event loop and the
-engine keep running; sockets carry the store's timeout, so no call can hang.
+hundred, so the store talks to a single Redis node through plain sockets instead: SETs go out
+by scatter-gather ``sendmsg`` straight from the exported tensors (zero copies), and GET replies
+are received straight into reused memory (one copy, the kernel's; see ``buffers`` and
+``transfer``). Calls run in worker threads, so the event loop and the engine keep running;
+every socket wait is bounded by the store's timeout, so no call can hang.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,11 +21,12 @@ from urllib.parse import urlsplit
 
 from redis.connection import parse_url
 
-from cleave.kv_store.buffers import HostBuffers
+from cleave.kv_store.splice import AVAILABLE as SPLICE_AVAILABLE
+from cleave.kv_store.splice import SplicePipe
 
 T = TypeVar("T")
 _CRLF = b"\r\n"
-_MAX_IOV = 512  # well under IOV_MAX (1024 on Linux)
+MAX_IOV = 512  # well under IOV_MAX (1024 on Linux)
 _SEND_BUFFER = 4 << 20
 
 
@@ -58,7 +60,7 @@ class Endpoint:
             password=password if password is not None else parts.get("password"))
 
 
-def _command(*parts: bytes) -> bytes:
+def command(*parts: bytes) -> bytes:
     out = [b"*%d\r\n" % len(parts)]
     for p in parts:
         out += [b"$%d\r\n" % len(p), p, _CRLF]
@@ -66,7 +68,8 @@ def _command(*parts: bytes) -> bytes:
 
 
 class RespConnection:
-    def __init__(self, endpoint: Endpoint, timeout: float, connect_timeout: float) -> None:
+    def __init__(self, endpoint: Endpoint, timeout: float, connect_timeout: float,
+                 splice: bool = False) -> None:
         address: str | tuple[str, int]
         if endpoint.unix_path:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -87,31 +90,35 @@ class RespConnection:
             raise
         sock.settimeout(timeout)
         self.sock = sock
+        # Large values go out spliced through this pipe when the kernel can (see splice.py).
+        self.pipe = SplicePipe() if splice and SPLICE_AVAILABLE else None
         # Replies are parsed from a fixed scratch buffer; [_start, _end) is unread.
         self._scratch = bytearray(1 << 16)
         self._start = self._end = 0
         setup: list[bytes] = []
         if endpoint.password is not None:
             auth = [endpoint.username.encode()] if endpoint.username else []
-            setup.append(_command(b"AUTH", *auth, endpoint.password.encode()))
+            setup.append(command(b"AUTH", *auth, endpoint.password.encode()))
         if endpoint.db:
-            setup.append(_command(b"SELECT", str(endpoint.db).encode()))
+            setup.append(command(b"SELECT", str(endpoint.db).encode()))
         if setup:
             try:
                 self._send([b"".join(setup)])
                 for _ in setup:
-                    self._reply()
+                    self.read_reply()
             except BaseException:
-                sock.close()  # a refused AUTH must not leave the socket open
+                self.close()  # a refused AUTH must not leave the socket (or pipe) open
                 raise
 
     def close(self) -> None:
         self.sock.close()
+        if self.pipe is not None:
+            self.pipe.close()
 
     # -- wire ----------------------------------------------------------------------------
     def _send(self, parts: Sequence[bytes | memoryview]) -> None:
-        for start in range(0, len(parts), _MAX_IOV):
-            chunk = [memoryview(p).cast("B") for p in parts[start:start + _MAX_IOV]]
+        for start in range(0, len(parts), MAX_IOV):
+            chunk = [memoryview(p).cast("B") for p in parts[start:start + MAX_IOV]]
             while chunk:
                 sent = self.sock.sendmsg(chunk)
                 while chunk and sent >= chunk[0].nbytes:
@@ -133,20 +140,14 @@ class RespConnection:
             raise RespError("connection closed by the server")
         self._end += n
 
-    def _recv(self, into: memoryview) -> int:
-        n = self.sock.recv_into(into)
-        if not n:
-            raise RespError("connection closed by the server")
-        return n
-
-    def _take_buffered(self, into: memoryview) -> int:
+    def take_buffered(self, into: memoryview) -> int:
         """Move already-received bytes to the front of ``into``; returns how many."""
         n = min(self._end - self._start, into.nbytes)
         into[:n] = memoryview(self._scratch)[self._start:self._start + n]
         self._start += n
         return n
 
-    def _unread(self, data: memoryview) -> None:
+    def unread(self, data: memoryview) -> None:
         """Put ``data`` back in front of the unread bytes, to be parsed the ordinary way."""
         pending = bytes(data) + bytes(self._scratch[self._start:self._end])
         if len(pending) > len(self._scratch):
@@ -179,7 +180,7 @@ class RespConnection:
         self._start += 2
         return out
 
-    def _reply(self) -> bytearray | int | bytes | None:
+    def read_reply(self) -> bytearray | int | bytes | None:
         line = self._line()
         kind, rest = line[:1], line[1:]
         if kind == b"+":
@@ -193,79 +194,14 @@ class RespConnection:
             raise RespError(f"Redis error: {rest.decode(errors='replace')}")
         raise RespError(f"unexpected reply {line[:40]!r}")
 
-    # -- pipelines -----------------------------------------------------------------------
-    def set_many(self, items: Sequence[tuple[bytes, bytes | memoryview]], ttl: int) -> int:
-        parts: list[bytes | memoryview] = []
-        ttl_b = str(ttl).encode()
-        tail = b"\r\n$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(ttl_b), ttl_b)
-        for key, value in items:
-            size = memoryview(value).nbytes
-            parts.append(b"*5\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, size))
-            parts.append(value)
-            parts.append(tail)
-        self._send(parts)
-        return sum(1 for _ in items if self._reply() == b"OK")
-
-    def get_many_into(self, keys: Sequence[bytes], buffers: HostBuffers,
-                      sizes: Sequence[int] | None,
-                      each: Callable[[int, memoryview | bytearray | None], T],
-                      ttl: int | None = None) -> list[T]:
-        """GET each key (GETEX renewing its TTL to ``ttl`` when given), its value received
-        straight into one lease from ``buffers``.
-
-        ``each(i, value)`` runs as soon as value ``i`` is in (None: no value), while its
-        bytes are still in the CPU's cache; its results are returned. Without ``sizes``, the
-        lengths come from STRLEN in the same pipeline (0: missing). A value of another length
-        than expected (rewritten, or gone, in between) and every reply after it are read the
-        ordinary way; an error reply raises :class:`RespError`.
-        """
-        renew = [b"EX", str(ttl).encode()] if ttl is not None else []
-        gets = b"".join(_command(b"GETEX" if renew else b"GET", k, *renew) for k in keys)
-        if sizes is None:
-            self._send([b"".join(_command(b"STRLEN", k) for k in keys) + gets])
-            sizes = [self._int_reply() for _ in keys]
-        else:
-            self._send([gets])
-        heads = [b"$%d\r\n" % s if s > 0 else b"$-1\r\n" for s in sizes]
-        lengths = [len(h) + s + 2 if s > 0 else len(h) for h, s in zip(heads, sizes, strict=True)]
-        region = buffers.lease(sum(lengths))
-        got = self._take_buffered(region)
-        out: list[T] = []
-        offset = 0
-        for i, (head, length) in enumerate(zip(heads, lengths, strict=True)):
-            # Compare the head as its bytes arrive: a shorter reply (a miss) differs before
-            # its end, so this never waits for bytes the server will not send.
-            while True:
-                have = min(got - offset, len(head))
-                if region[offset:offset + have] != head[:have]:
-                    self._unread(region[offset:got])
-                    return out + [each(j, self._value()) for j in range(i, len(heads))]
-                if have == len(head):
-                    break
-                got += self._recv(region[got:])
-            end = offset + length
-            while got < end:
-                got += self._recv(region[got:])  # may run on into the next replies
-            if length == len(head):
-                out.append(each(i, None))
-            elif region[end - 2:end] != _CRLF:
-                raise RespError("value not followed by CRLF")
-            else:
-                out.append(each(i, region[offset + len(head):end - 2]))
-            offset = end
-        return out
-
-    def _value(self) -> bytearray | None:
-        reply = self._reply()
-        return reply if isinstance(reply, bytearray) else None
-
+    # -- small pipelines -----------------------------------------------------------------
     def strlen_many(self, keys: Sequence[bytes]) -> list[int]:
         """Each value's length; 0 for a missing key."""
-        self._send([b"".join(_command(b"STRLEN", k) for k in keys)])
+        self._send([b"".join(command(b"STRLEN", k) for k in keys)])
         return [self._int_reply() for _ in keys]
 
     def _int_reply(self) -> int:
-        reply = self._reply()
+        reply = self.read_reply()
         if not isinstance(reply, int):
             raise RespError(f"expected an integer reply, got {reply!r:.40}")
         return reply
@@ -275,37 +211,62 @@ class RespPool:
     """At most ``size`` connections; one that failed in any way is closed, never reused."""
 
     def __init__(self, endpoint: Endpoint, size: int, timeout: float,
-                 connect_timeout: float) -> None:
+                 connect_timeout: float, splice: bool = False) -> None:
         self.endpoint = endpoint
+        self.splice = splice
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._idle: list[RespConnection] = []
-        self._slots = threading.Semaphore(size)
-        self._lock = threading.Lock()
+        self._free = size  # connections that may still be taken (idle or not yet made)
+        self._changed = threading.Condition()
+
+    def take(self, want: int, deadline: float) -> list[RespConnection]:
+        """Between one and ``want`` connections, as many as are free (call from a thread)."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._free > 0,
+                                          max(0.0, deadline - time.monotonic())):
+                raise TimeoutError("no store connection free within the timeout")
+            n = min(want, self._free)
+            self._free -= n
+            conns = [self._idle.pop() for _ in range(min(n, len(self._idle)))]
+        try:
+            while len(conns) < n:
+                conns.append(RespConnection(self.endpoint, self.timeout, self.connect_timeout,
+                                            self.splice))
+        except BaseException:
+            for conn in conns:
+                conn.close()
+            self._release([], n)
+            raise
+        return conns
+
+    def give_back(self, conns: Sequence[RespConnection], healthy: bool) -> None:
+        """Return connections; ones that are not ``healthy`` (out of step) are closed."""
+        if not healthy:
+            for conn in conns:
+                conn.close()
+        self._release(conns if healthy else [], len(conns))
+
+    def _release(self, idle: Sequence[RespConnection], slots: int) -> None:
+        with self._changed:
+            self._idle.extend(idle)
+            self._free += slots
+            self._changed.notify_all()
 
     def run(self, work: Callable[..., T], *args: Any) -> T:
-        """Run ``work(connection, *args)`` on a pooled connection (call from a thread)."""
-        if not self._slots.acquire(timeout=self.timeout):
-            raise TimeoutError("no store connection free within the timeout")
-        conn: RespConnection | None = None
+        """Run ``work(connection, *args)`` on one blocking connection (call from a thread)."""
+        (conn,) = self.take(1, time.monotonic() + self.timeout)
+        healthy = False
         try:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                conn = RespConnection(self.endpoint, self.timeout, self.connect_timeout)
+            conn.sock.settimeout(self.timeout)
             result = work(conn, *args)
-            with self._lock:
-                self._idle.append(conn)
+            healthy = True
             return result
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            raise
         finally:
-            self._slots.release()
+            self.give_back([conn], healthy)
 
     def close(self) -> None:
-        with self._lock:
+        with self._changed:
             for conn in self._idle:
                 conn.close()
             self._idle.clear()

@@ -6,7 +6,7 @@ callers fall back to recomputing, never hang and never see a half-trusted block.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,10 +20,20 @@ class StoreUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class EncodedBlock:
-    """A block ready to store: its hash and its whole encoded value (see ``codec``)."""
+    """A block ready to store: its hash and its whole encoded value (see ``codec``).
+
+    With ``seal``, the value's header is not written yet: a store calls :meth:`sealed_value`
+    just before the value goes out (see ``codec.HeaderWriter.deferred``).
+    """
 
     block_hash: bytes
     value: memoryview | bytes
+    seal: Callable[[], None] | None = None
+
+    def sealed_value(self) -> memoryview | bytes:
+        if self.seal is not None:
+            self.seal()
+        return self.value
 
     @property
     def nbytes(self) -> int:
@@ -74,7 +84,7 @@ class MemoryBlockStore:
 
     async def put_many(self, blocks: Sequence[EncodedBlock]) -> int:
         for b in blocks:
-            self.values[self.keys.block_key(b.block_hash)] = bytes(b.value)
+            self.values[self.keys.block_key(b.block_hash)] = bytes(b.sealed_value())
         return len(blocks)
 
     async def get_many(self, hashes: Sequence[bytes]) -> list[StoredBlock | None]:

@@ -18,7 +18,7 @@ from typing import TypeVar
 import torch
 
 from cleave.kv_store.block_hash import chain_hashes
-from cleave.kv_store.codec import BlockHeader, encode_into
+from cleave.kv_store.codec import HeaderWriter
 from cleave.kv_store.store import BlockStore, EncodedBlock, StoredBlock, StoreUnavailable
 from cleave.runtime.engine.async_engine import AsyncEngine, last_output
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
@@ -79,6 +79,7 @@ class KVStoreConnector:
         self.block_shape = core.block_shape
         self.dtype = core.dtype
         self.dtype_name = str(core.dtype).removeprefix("torch.")
+        self._headers = HeaderWriter(self.dtype_name, self.block_shape, self.block_size)
         self._store_warnings = ThrottledWarning(log, STORE_WARNING_INTERVAL_SECONDS)
 
     async def _transfer(self, direction: str, call: Awaitable[T],
@@ -98,16 +99,17 @@ class KVStoreConnector:
 
     # -- write path ----------------------------------------------------------------------
     def encode(self, handoff: KVHandoff, skip: int = 0) -> list[EncodedBlock]:
-        """Headers written into the room the export left: the payloads are not copied."""
+        """Blocks whose headers go into the room the export left, written by the store as each
+        block goes out (their checksums then cost no extra trip through memory): the payloads
+        are not copied."""
         if handoff.buffer is None:
             raise ValueError("handoff was not exported with header room")
+        rows = handoff.buffer.numpy()
         out = []
         for i in range(skip, len(handoff.block_hashes)):
-            row = handoff.buffer[i].numpy().data
-            header = BlockHeader(self.dtype_name, self.block_shape, self.block_size,
-                                 handoff.block_hashes[i])
-            encode_into(row, header)
-            out.append(EncodedBlock(handoff.block_hashes[i], row))
+            value, block_hash = rows[i].data, handoff.block_hashes[i]
+            out.append(EncodedBlock(block_hash, value,
+                                    seal=self._headers.deferred(value, block_hash)))
         return out
 
     async def save(self, handoff: KVHandoff, skip: int = 0) -> int:
