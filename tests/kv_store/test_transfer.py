@@ -4,10 +4,13 @@ values are spliced or copied, and errors and timeouts leave no connection in use
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -100,9 +103,25 @@ def test_more_values_than_fit_in_flight_come_back_in_order(pool: RespPool,
     assert got == list(values.values())
 
 
+@pytest.fixture
+def spliced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes that went out through a splice pipe."""
+    moved: list[int] = []
+    take = splice.SplicePipe.take
+
+    def counting(self: splice.SplicePipe, address: int, nbytes: int) -> int:
+        n = take(self, address, nbytes)
+        moved.append(n)
+        return n
+
+    monkeypatch.setattr(splice.SplicePipe, "take", counting)
+    return moved
+
+
 @pytest.mark.parametrize("use_splice", [True, False])
 def test_set_many_stores_writable_and_read_only_values_alike(
-        redis_server: RedisServer, plain: redis.Redis, use_splice: bool) -> None:
+        redis_server: RedisServer, plain: redis.Redis, use_splice: bool,
+        spliced: list[int]) -> None:
     pool = RespPool(Endpoint.from_url(redis_server.unix_url), 4, 2.0, 1.0, splice=use_splice)
     try:
         big = [bytearray(os.urandom(300_000)) for _ in range(6)]  # spliced when on
@@ -120,6 +139,29 @@ def test_set_many_stores_writable_and_read_only_values_alike(
             b[:] = bytes(len(b))
         assert [plain.get(b"tr:big%d" % i) for i in range(6)] == originals
         assert [plain.get(b"tr:small%d" % i) for i in range(6)] == small
+        # The large writable values, and only they, went through the pipe when splicing.
+        assert sum(spliced) == (6 * 300_000 if use_splice else 0)
+    finally:
+        pool.close()
+
+
+def test_memory_the_kernel_will_not_pin_is_copied(redis_server: RedisServer,
+                                                  plain: redis.Redis,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    refused: list[int] = []
+
+    def refuse(self: splice.SplicePipe, address: int, nbytes: int) -> int:
+        refused.append(nbytes)
+        raise OSError(errno.EFAULT, "Bad address")
+
+    monkeypatch.setattr(splice.SplicePipe, "take", refuse)
+    pool = RespPool(Endpoint.from_url(redis_server.unix_url), 4, 2.0, 1.0, splice=True)
+    try:
+        values = [os.urandom(200_000) for _ in range(8)]
+        items = [(b"tr:pin%d" % i, memoryview(bytearray(v))) for i, v in enumerate(values)]
+        assert set_many(pool, items, 60, WIDE) == 8
+        assert [plain.get(k) for k, _ in items] == values
+        assert 0 < len(refused) <= WIDE.connections  # each connection tried once, then copied
     finally:
         pool.close()
 
@@ -143,7 +185,7 @@ def test_an_error_reply_raises_and_its_connections_are_closed(pool: RespPool,
         get_many_into(pool, [b"tr:e1", b"tr:list", b"tr:e3"], HostBuffers(1 << 20),
                       [1000, 10, 1000], keep, WIDE)
     # The pool lent three connections and got them back closed; the next call reconnects.
-    assert pool._idle == []
+    assert pool._idle == [] and pool._free == 6
     assert get_many_into(pool, [b"tr:e1"], HostBuffers(1 << 20), None, keep, WIDE) == [
         plain.get(b"tr:e1")]
 
@@ -195,3 +237,72 @@ def test_this_linux_splices_pages_into_a_socket() -> None:
     take the zero-copy path."""
     assert splice.AVAILABLE
     assert splice.address_of(memoryview(b"read-only")) is None  # bytes are never spliced
+
+
+# -- a server that misbehaves (a narrow fake: Redis itself never does this) ------------------
+
+def fake_server(path: Path, serve: Callable[[socket.socket], None]) -> socket.socket:
+    """Listen on a unix socket; each connection is handed to ``serve`` in a thread."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # the listener was closed
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
+
+
+def test_a_connection_the_server_closes_ends_the_transfer_at_once(tmp_path: Path) -> None:
+    def hang_up(conn: socket.socket) -> None:
+        conn.recv(1 << 16)
+        conn.close()
+
+    listener = fake_server(tmp_path / "s.sock", hang_up)
+    pool = RespPool(Endpoint.from_url(f"unix://{tmp_path / 's.sock'}"), 4, 5.0, 1.0)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RespError, match="closed by the server"):
+            get_many_into(pool, [b"a", b"b"], HostBuffers(1 << 20), [100, 100], keep, WIDE)
+        assert time.monotonic() - start < 2.0  # not the 5 s timeout
+        assert pool._idle == [] and pool._free == 4
+    finally:
+        pool.close()
+        listener.close()
+
+
+def test_a_reply_trickling_in_still_ends_at_the_deadline(tmp_path: Path) -> None:
+    """A value of another length than expected is read by the ordinary parser: each of its
+    waits gets only what is left of the call's time, not the whole timeout again."""
+    stop = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:
+        conn.recv(1 << 16)
+        conn.sendall(b"$1000\r\n")
+        try:
+            for _ in range(20):  # a byte every 50 ms for a second, then the rest at once
+                if stop.wait(0.05):
+                    return
+                conn.sendall(b"x")
+            conn.sendall(b"x" * 980 + b"\r\n")
+            conn.recv(1)
+        except OSError:
+            return
+
+    listener = fake_server(tmp_path / "t.sock", trickle)
+    pool = RespPool(Endpoint.from_url(f"unix://{tmp_path / 't.sock'}"), 4, 0.5, 0.5)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            get_many_into(pool, [b"k"], HostBuffers(1 << 20), [10], keep, WIDE)
+        assert time.monotonic() - start < 0.9
+    finally:
+        stop.set()
+        pool.close()
+        listener.close()

@@ -14,7 +14,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -67,9 +68,27 @@ def command(*parts: bytes) -> bytes:
     return b"".join(out)
 
 
+def advance(parts: list[memoryview], sent: int) -> None:
+    """Drop the ``sent`` bytes from the front of a scatter-gather list."""
+    while parts and sent >= parts[0].nbytes:
+        sent -= parts.pop(0).nbytes
+    if sent:
+        parts[0] = parts[0][sent:]
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the KV store did not answer within the timeout")
+    return left
+
+
 class RespConnection:
     def __init__(self, endpoint: Endpoint, timeout: float, connect_timeout: float,
-                 splice: bool = False) -> None:
+                 splice: bool = False, deadline: float | None = None) -> None:
+        """Connect (and AUTH/SELECT), all within ``connect_timeout`` and ``deadline``."""
+        if deadline is None:
+            deadline = time.monotonic() + timeout + connect_timeout
         address: str | tuple[str, int]
         if endpoint.unix_path:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -78,37 +97,36 @@ class RespConnection:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             address = (endpoint.host, endpoint.port)
-        # Puts stream megabytes per pipeline: with the default ~208 KiB send buffer the writer
-        # and Redis took turns waking each other; 4 MiB (the kernel caps it at wmem_max) made
-        # a 45 MiB put 40 % faster here. Reads are bounded by Redis's own send buffer.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
-        sock.settimeout(connect_timeout)
-        try:
-            sock.connect(address)
-        except OSError:
-            sock.close()
-            raise
-        sock.settimeout(timeout)
         self.sock = sock
-        # Large values go out spliced through this pipe when the kernel can (see splice.py).
-        self.pipe = SplicePipe() if splice and SPLICE_AVAILABLE else None
+        self.pipe: SplicePipe | None = None
         # Replies are parsed from a fixed scratch buffer; [_start, _end) is unread.
         self._scratch = bytearray(1 << 16)
         self._start = self._end = 0
-        setup: list[bytes] = []
-        if endpoint.password is not None:
-            auth = [endpoint.username.encode()] if endpoint.username else []
-            setup.append(command(b"AUTH", *auth, endpoint.password.encode()))
-        if endpoint.db:
-            setup.append(command(b"SELECT", str(endpoint.db).encode()))
-        if setup:
-            try:
+        self._deadline: float | None = None  # while set, each receive waits only until it
+        try:
+            # Puts stream megabytes: with the default ~208 KiB send buffer the writer and
+            # Redis took turns waking each other; 4 MiB (the kernel caps it at wmem_max) made
+            # a 45 MiB put 40 % faster here. Reads are bounded by Redis's own send buffer.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+            sock.settimeout(min(connect_timeout, _left(deadline)))
+            sock.connect(address)
+            sock.settimeout(timeout)
+            # Large values go out spliced through this pipe when the kernel can (splice.py).
+            self.pipe = SplicePipe() if splice and SPLICE_AVAILABLE else None
+            setup: list[bytes] = []
+            if endpoint.password is not None:
+                auth = [endpoint.username.encode()] if endpoint.username else []
+                setup.append(command(b"AUTH", *auth, endpoint.password.encode()))
+            if endpoint.db:
+                setup.append(command(b"SELECT", str(endpoint.db).encode()))
+            if setup:
                 self._send([b"".join(setup)])
                 for _ in setup:
-                    self.read_reply()
-            except BaseException:
-                self.close()  # a refused AUTH must not leave the socket (or pipe) open
-                raise
+                    self.read_reply_before(deadline)
+                sock.settimeout(timeout)
+        except BaseException:
+            self.close()  # a refused AUTH must not leave the socket (or pipe) open
+            raise
 
     def close(self) -> None:
         self.sock.close()
@@ -120,12 +138,7 @@ class RespConnection:
         for start in range(0, len(parts), MAX_IOV):
             chunk = [memoryview(p).cast("B") for p in parts[start:start + MAX_IOV]]
             while chunk:
-                sent = self.sock.sendmsg(chunk)
-                while chunk and sent >= chunk[0].nbytes:
-                    sent -= chunk[0].nbytes
-                    chunk.pop(0)
-                if chunk and sent:
-                    chunk[0] = chunk[0][sent:]
+                advance(chunk, self.sock.sendmsg(chunk))
 
     def _fill(self) -> None:
         """Receive more bytes behind the unread ones in the scratch buffer."""
@@ -135,10 +148,25 @@ class RespConnection:
             self._start, self._end = 0, unread
         if self._end == len(self._scratch):
             self._scratch.extend(bytes(len(self._scratch)))  # a very long line: grow
+        self._arm()
         n = self.sock.recv_into(memoryview(self._scratch)[self._end:])
         if not n:
             raise RespError("connection closed by the server")
         self._end += n
+
+    def _arm(self) -> None:
+        """Under a deadline, give the next receive only the time left before it (a reply
+        trickling in must not wait the whole timeout again at every chunk)."""
+        if self._deadline is not None:
+            self.sock.settimeout(_left(self._deadline))
+
+    def read_reply_before(self, deadline: float) -> bytearray | int | bytes | None:
+        """:meth:`read_reply`, all of it received by ``deadline`` or TimeoutError."""
+        self._deadline = deadline
+        try:
+            return self.read_reply()
+        finally:
+            self._deadline = None
 
     def take_buffered(self, into: memoryview) -> int:
         """Move already-received bytes to the front of ``into``; returns how many."""
@@ -171,6 +199,7 @@ class RespConnection:
         self._start += have
         got = have
         while got < size:
+            self._arm()
             n = self.sock.recv_into(view[got:])
             if not n:
                 raise RespError("connection closed mid-value")
@@ -208,7 +237,10 @@ class RespConnection:
 
 
 class RespPool:
-    """At most ``size`` connections; one that failed in any way is closed, never reused."""
+    """At most ``size`` connections; one that failed in any way is closed, never reused.
+
+    Idle connections are blocking, with the store's timeout on every wait.
+    """
 
     def __init__(self, endpoint: Endpoint, size: int, timeout: float,
                  connect_timeout: float, splice: bool = False) -> None:
@@ -218,6 +250,7 @@ class RespPool:
         self.connect_timeout = connect_timeout
         self._idle: list[RespConnection] = []
         self._free = size  # connections that may still be taken (idle or not yet made)
+        self._closed = False
         self._changed = threading.Condition()
 
     def take(self, want: int, deadline: float) -> list[RespConnection]:
@@ -232,7 +265,7 @@ class RespPool:
         try:
             while len(conns) < n:
                 conns.append(RespConnection(self.endpoint, self.timeout, self.connect_timeout,
-                                            self.splice))
+                                            self.splice, deadline))
         except BaseException:
             for conn in conns:
                 conn.close()
@@ -242,10 +275,14 @@ class RespPool:
 
     def give_back(self, conns: Sequence[RespConnection], healthy: bool) -> None:
         """Return connections; ones that are not ``healthy`` (out of step) are closed."""
-        if not healthy:
-            for conn in conns:
+        keep: list[RespConnection] = []
+        for conn in conns:
+            if healthy and not self._closed:
+                conn.sock.settimeout(self.timeout)
+                keep.append(conn)
+            else:
                 conn.close()
-        self._release(conns if healthy else [], len(conns))
+        self._release(keep, len(conns))
 
     def _release(self, idle: Sequence[RespConnection], slots: int) -> None:
         with self._changed:
@@ -253,20 +290,26 @@ class RespPool:
             self._free += slots
             self._changed.notify_all()
 
-    def run(self, work: Callable[..., T], *args: Any) -> T:
-        """Run ``work(connection, *args)`` on one blocking connection (call from a thread)."""
-        (conn,) = self.take(1, time.monotonic() + self.timeout)
+    @contextmanager
+    def lend(self, want: int, deadline: float) -> Iterator[list[RespConnection]]:
+        """:meth:`take` for the block, given back after it: closed if it raised."""
+        conns = self.take(want, deadline)
         healthy = False
         try:
-            conn.sock.settimeout(self.timeout)
-            result = work(conn, *args)
+            yield conns
             healthy = True
-            return result
         finally:
-            self.give_back([conn], healthy)
+            self.give_back(conns, healthy)
+
+    def run(self, work: Callable[..., T], *args: Any) -> T:
+        """Run ``work(connection, *args)`` on one blocking connection (call from a thread)."""
+        with self.lend(1, time.monotonic() + self.timeout) as (conn,):
+            return work(conn, *args)
 
     def close(self) -> None:
+        """Close the idle connections; lent ones are closed when they come back."""
         with self._changed:
+            self._closed = True
             for conn in self._idle:
                 conn.close()
             self._idle.clear()

@@ -69,18 +69,16 @@ class SplicePipe:
         self.pending = 0  # bytes in the pipe not yet in the socket
 
     def take(self, address: int, nbytes: int) -> int:
-        """Reference up to ``nbytes`` of pages at ``address``; returns how many were taken
-        (0: the pipe is full). Raises OSError when the kernel will not take them at all."""
+        """Reference up to ``nbytes`` of pages at ``address`` (call with the pipe drained);
+        returns how many were taken. OSError: the kernel will not take them."""
         assert _vmsplice is not None
         vec = _IoVec(address, nbytes)
-        n = _vmsplice(self.write_fd, ctypes.byref(vec), 1, SPLICE_F_NONBLOCK)
-        if n < 0:
-            err = ctypes.get_errno()
-            if err == errno.EAGAIN:
-                return 0
+        n = int(_vmsplice(self.write_fd, ctypes.byref(vec), 1, SPLICE_F_NONBLOCK))
+        if n <= 0:
+            err = ctypes.get_errno() if n < 0 else errno.EAGAIN
             raise OSError(err, os.strerror(err))
         self.pending += n
-        return int(n)
+        return n
 
     def drain_into(self, sock: socket.socket) -> None:
         """Move piped bytes into the socket until either is done; BlockingIOError when the

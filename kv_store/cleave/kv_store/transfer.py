@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from cleave.kv_store.buffers import HostBuffers
-from cleave.kv_store.resp import MAX_IOV, RespConnection, RespError, RespPool, command
+from cleave.kv_store.resp import (
+    MAX_IOV,
+    RespConnection,
+    RespError,
+    RespPool,
+    advance,
+    command,
+)
 from cleave.kv_store.splice import MIN_SPLICE_BYTES, address_of
 
 T = TypeVar("T")
@@ -104,37 +111,31 @@ class _Lane:
                     pipe.drain_into(self.conn.sock)
                     continue
                 first = self.unsent[0]
-                if pipe is not None and self.splicing and self._spliceable(first):
+                address = self._splice_address(first)
+                if pipe is not None and address is not None:
                     try:
-                        taken = pipe.take(address_of(first) or 0, first.nbytes)
+                        advance(self.unsent, pipe.take(address, first.nbytes))
                     except OSError:
-                        taken = 0
-                    if taken:
-                        self._consume(taken)
-                    else:
                         self.splicing = False  # memory the kernel will not pin: copy it
                     continue
-                run: list[memoryview] = []
+                run: list[memoryview] = []  # copied parts, up to the next one to splice
                 for part in self.unsent[:MAX_IOV]:
-                    if run and self.splicing and self._spliceable(part):
+                    if run and self._splice_address(part) is not None:
                         break
                     run.append(part)
-                self._consume(self.conn.sock.sendmsg(run))
+                advance(self.unsent, self.conn.sock.sendmsg(run))
         except BlockingIOError:
             return
 
     def has_unsent(self) -> bool:
         return bool(self.unsent) or (self.conn.pipe is not None and self.conn.pipe.pending > 0)
 
-    @staticmethod
-    def _spliceable(part: memoryview) -> bool:
-        return part.nbytes >= MIN_SPLICE_BYTES and not part.readonly
-
-    def _consume(self, sent: int) -> None:
-        while self.unsent and sent >= self.unsent[0].nbytes:
-            sent -= self.unsent.pop(0).nbytes
-        if sent:
-            self.unsent[0] = self.unsent[0][sent:]
+    def _splice_address(self, part: memoryview) -> int | None:
+        """Where a part to splice starts; None for a part to copy (small, read-only, or
+        splicing off for this connection)."""
+        if self.conn.pipe is None or not self.splicing or part.nbytes < MIN_SPLICE_BYTES:
+            return None
+        return address_of(part)
 
     def receive(self, commands: Sequence[Command], on_reply: OnReply, deadline: float) -> int:
         """Take in the replies that have arrived; returns how many were completed."""
@@ -178,12 +179,8 @@ class _Lane:
     def _ordinary_reply(self, deadline: float) -> Reply:
         """Parse one reply of any shape, waiting for the rest of it (it is on its way: some
         of it arrived) at most until the deadline."""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the KV store did not answer within the timeout")
-        self.conn.sock.settimeout(left)
         try:
-            return self.conn.read_reply()
+            return self.conn.read_reply_before(deadline)
         finally:
             self.conn.sock.setblocking(False)
 
@@ -246,13 +243,8 @@ def transfer(pool: RespPool, commands: Sequence[Command], limits: TransferLimits
              on_reply: OnReply) -> None:
     """:func:`run_transfer` over connections from ``pool``, all within its timeout."""
     deadline = time.monotonic() + pool.timeout
-    conns = pool.take(min(limits.connections, len(commands)), deadline)
-    healthy = False
-    try:
+    with pool.lend(min(limits.connections, len(commands)), deadline) as conns:
         run_transfer(conns, commands, limits, deadline, on_reply)
-        healthy = True
-    finally:
-        pool.give_back(conns, healthy)
 
 
 def set_many(pool: RespPool, items: Sequence[tuple[bytes, bytes | memoryview]], ttl: int,
