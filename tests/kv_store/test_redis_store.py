@@ -6,6 +6,8 @@ Helpers are in ``redis_store_support``; the servers and ``make_store`` in ``conf
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import redis
 import torch
@@ -26,7 +28,7 @@ from redis_store_support import (
 
 from cleave.kv_store.block_hash import chain_hashes
 from cleave.kv_store.codec import BlockHeader, HeaderWriter, encode, header_size
-from cleave.kv_store.store import EncodedBlock
+from cleave.kv_store.store import EncodedBlock, StoredBlock
 
 # --- single node: data path ---------------------------------------------------------------
 
@@ -214,6 +216,29 @@ async def test_fetch_prefix_returns_the_verified_leading_blocks(
     prefix = await store.fetch_prefix([b.block_hash for b in blocks])
     assert [s.block_hash for s in prefix] == [b.block_hash for b in blocks[:4]]
     assert all(same_bits(s, t) for s, t in zip(prefix, tensors, strict=False))
+
+
+async def test_fetch_prefix_as_finishes_each_block_in_the_transfer_thread(
+        redis_server: RedisServer, make_store: MakeStore) -> None:
+    """The caller's per-block work (the connector makes tensors) runs as each block comes in,
+    off the event loop; a block it cannot use ends the prefix without counting as corrupt."""
+    store = make_store(redis_server.unix_url)
+    blocks, tensors = make_blocks(6, seed=12)
+    hashes = [b.block_hash for b in blocks]
+    await store.put_many(blocks)
+    threads: set[str] = set()
+
+    def finish(block: StoredBlock) -> tuple[bytes, bool] | None:
+        threads.add(threading.current_thread().name)
+        if block.block_hash == hashes[3]:
+            return None  # say, a layout this caller cannot load
+        return block.block_hash, same_bits(block, tensors[hashes.index(block.block_hash)])
+
+    corrupt = metric("cleave_kv_store_corrupt_blocks_total")
+    prefix = await store.fetch_prefix_as(hashes, finish)
+    assert prefix == [(h, True) for h in hashes[:3]]
+    assert threading.current_thread().name not in threads  # not the event loop's thread
+    assert metric("cleave_kv_store_corrupt_blocks_total") == corrupt
 
 
 async def test_a_hole_in_the_chain_ends_the_prefix_and_is_an_eviction(

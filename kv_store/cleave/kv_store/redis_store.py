@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.exceptions import RedisError
 
@@ -35,16 +35,23 @@ _UNKNOWN_VALUE_BYTES = 1 << 20  # batches reads of unknown sizes as if values we
 class _Read:
     nbytes: int | None  # None: no value under the key
     block: StoredBlock | None  # None with nbytes: the value is corrupt
+    finished: object = None  # what fetch_prefix_as's ``finish`` made of the block
 
 
-def _check(block_hash: bytes, value: Any) -> _Read:
+def _check(block_hash: bytes, value: Any,
+           finish: Callable[[StoredBlock], object] | None = None) -> _Read:
     if value is None:
         return _Read(None, None)
     try:
         header, payload = decode(value, expected_hash=block_hash)
     except CorruptBlock:
         return _Read(len(value), None)
-    return _Read(len(value), StoredBlock(header, payload))
+    block = StoredBlock(header, payload)
+    return _Read(len(value), block, finish(block) if finish is not None else block)
+
+
+def _same(block: StoredBlock) -> StoredBlock:
+    return block
 
 
 class _Tally:
@@ -155,7 +162,8 @@ class RedisBlockStore:
         metrics.STORE_BYTES_WRITTEN.inc(sum(b.nbytes for b in blocks))
         return written
 
-    async def _read(self, hashes: Sequence[bytes]) -> list[_Read]:
+    async def _read(self, hashes: Sequence[bytes],
+                    finish: Callable[[StoredBlock], object] | None = None) -> list[_Read]:
         """Each hash's value, fetched and checked.
 
         On the fast path replies are received in place at the length values have had so far
@@ -180,11 +188,11 @@ class RedisBlockStore:
                 sizes = [guess] * len(keys) if guess else None
                 reads = await asyncio.to_thread(
                     get_many_into, self._bulk, keys, self._buffers, sizes,
-                    lambda i, value: _check(hashes[i], value), self._get_limits, ttl)
+                    lambda i, value: _check(hashes[i], value, finish), self._get_limits, ttl)
             else:
                 batches = self._batches([guess or _UNKNOWN_VALUE_BYTES] * len(hashes))
                 raw = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
-                reads = [_check(h, v) for b, values in zip(batches, raw, strict=True)
+                reads = [_check(h, v, finish) for b, values in zip(batches, raw, strict=True)
                          for h, v in zip(hashes[b.start:b.stop], values, strict=True)]
             self._value_bytes = next((r.nbytes for r in reads if r.nbytes), guess)
             return reads
@@ -220,7 +228,15 @@ class RedisBlockStore:
         return await self._bounded("lookup", work)
 
     async def fetch_prefix(self, hashes: Sequence[bytes]) -> list[StoredBlock]:
-        """The longest run of leading blocks that exist *and* verify.
+        return await self.fetch_prefix_as(hashes, _same)
+
+    async def fetch_prefix_as(self, hashes: Sequence[bytes],
+                              finish: Callable[[StoredBlock], T | None]) -> list[T]:
+        """What ``finish`` makes of the longest run of leading blocks that exist *and*
+        verify; a block it makes None of ends the run (a layout the caller cannot use).
+
+        ``finish`` runs on each block the moment it is verified, in the transfer's thread on
+        the fast path, so its work overlaps the wait for the blocks after it.
 
         One round of GETs with no lookup before it: a missing block costs a five-byte reply,
         and the lookup's round trip was a tenth of a 2048-token fetch. A missing block with a
@@ -232,19 +248,18 @@ class RedisBlockStore:
         """
         if not hashes:
             return []
-        reads = await self._read(hashes)
+        reads = await self._read(hashes, finish)
         tally = _Tally()
-        prefix: list[StoredBlock] = []
+        prefix: list[T] = []
         for i, read in enumerate(reads):
             if read.nbytes is None:
                 if any(later.nbytes is not None for later in reads[i + 1:]):
                     tally.evictions += 1
                     tally.misses += 1
                 break
-            block = tally.block(read)
-            if block is None:
+            if tally.block(read) is None or read.finished is None:
                 break
-            prefix.append(block)
+            prefix.append(cast(T, read.finished))
         tally.publish()
         return prefix
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from cleave.kv_store.codec import BlockHeader, CorruptBlock, decode
 from cleave.kv_store.keys import KeySpace
+
+T = TypeVar("T")
 
 
 class StoreUnavailable(RuntimeError):
@@ -64,6 +66,11 @@ class BlockStore(Protocol):
 
     async def fetch_prefix(self, hashes: Sequence[bytes]) -> list[StoredBlock]:
         """The longest run of leading blocks that exist and verify."""
+
+    async def fetch_prefix_as(self, hashes: Sequence[bytes],
+                              finish: Callable[[StoredBlock], T | None]) -> list[T]:
+        """:meth:`fetch_prefix`, each block passed through ``finish`` as soon as it is in;
+        one it makes None of ends the run."""
 
     async def delete_namespace(self) -> int:
         """Delete every block of this store's namespace; returns the number deleted."""
@@ -118,6 +125,16 @@ class MemoryBlockStore:
                 break
             prefix.append(block)
         return prefix
+
+    async def fetch_prefix_as(self, hashes: Sequence[bytes],
+                              finish: Callable[[StoredBlock], T | None]) -> list[T]:
+        out: list[T] = []
+        for block in await self.fetch_prefix(hashes):
+            item = finish(block)
+            if item is None:
+                break
+            out.append(item)
+        return out
 
     async def delete_namespace(self) -> int:
         prefix = self.keys.namespace_pattern()[:-1]

@@ -232,9 +232,11 @@ def run_transfer(conns: Sequence[RespConnection], commands: Sequence[Command],
                 raise TimeoutError("the KV store did not answer within the timeout")
             for key, mask in selector.select(left):
                 lane = key.data
-                if mask & selectors.EVENT_READ:
-                    done += lane.receive(commands, on_reply, deadline)
-                refill(lane)
+                completed = lane.receive(commands, on_reply, deadline) \
+                    if mask & selectors.EVENT_READ else 0
+                if completed or mask & selectors.EVENT_WRITE:  # else nothing changed
+                    done += completed
+                    refill(lane)
     finally:
         selector.close()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -123,10 +122,14 @@ class KVStoreConnector:
 
     # -- read path -----------------------------------------------------------------------
     def _tensor(self, block: StoredBlock) -> torch.Tensor | None:
+        """The block as a tensor viewing its payload (None: another layout, not ours to
+        load). Runs in the store's transfer thread as each block comes in."""
         h = block.header
         if h.dtype != self.dtype_name or h.shape != self.block_shape:
-            return None  # another layout: not ours to load
-        return torch.frombuffer(block.payload, dtype=self.dtype).view(self.block_shape)
+            return None
+        # redis-py's replies (Cluster, TLS) are read-only bytes: torch wants writable memory.
+        payload = bytearray(block.payload) if block.payload.readonly else block.payload
+        return torch.frombuffer(payload, dtype=self.dtype).view(self.block_shape)
 
     async def load_prefix(self, prompt: list[int]) -> KVHandoff | None:
         """The prompt's longest cached prefix as a handoff, or None on a miss or trouble.
@@ -138,20 +141,8 @@ class KVStoreConnector:
         hashes = chain_hashes(self.root_hash, prompt[:len(prompt) - 1], self.block_size)
         if not hashes:
             return None
-        stored = await self._transfer("load", self.store.fetch_prefix(hashes),
-                                      lambda found: sum(b.payload.nbytes for b in found))
-        if stored is None:
-            return None
-        tensors: list[torch.Tensor] = []
-        with warnings.catch_warnings():
-            # Values read through redis-py are read-only bytes; the views are only ever copied
-            # from, never written.
-            warnings.simplefilter("ignore", UserWarning)
-            for block in stored:
-                t = self._tensor(block)
-                if t is None:
-                    break
-                tensors.append(t)
+        tensors = await self._transfer("load", self.store.fetch_prefix_as(hashes, self._tensor),
+                                       lambda found: sum(t.nbytes for t in found))
         if not tensors:
             return None
         return KVHandoff(block_hashes=hashes[:len(tensors)], blocks=tensors)
