@@ -19,7 +19,7 @@ from redis_store_support import fill
 
 from cleave.kv_store import splice
 from cleave.kv_store.buffers import HostBuffers
-from cleave.kv_store.resp import Endpoint, RespError, RespPool
+from cleave.kv_store.resp import Endpoint, RespConnection, RespError, RespPool
 from cleave.kv_store.transfer import TransferLimits, get_many_into, set_many
 
 WIDE = TransferLimits(connections=3, depth=2, bytes_in_flight=1 << 20)
@@ -232,11 +232,18 @@ def test_two_transfers_at_once_share_the_pool(pool: RespPool, plain: redis.Redis
     assert results == [list(values.values())] * 3
 
 
-def test_this_linux_splices_pages_into_a_socket() -> None:
+def test_this_linux_splices_pages_into_unix_sockets_only(redis_server: RedisServer) -> None:
     """The probe found splicing here (Linux, where CI and the benchmark run), so their puts
-    take the zero-copy path."""
+    over a unix socket take the zero-copy path; over TCP (measured slower) they copy."""
     assert splice.AVAILABLE
     assert splice.address_of(memoryview(b"read-only")) is None  # bytes are never spliced
+    unix = RespConnection(Endpoint.from_url(redis_server.unix_url), 2.0, 1.0, splice=True)
+    tcp = RespConnection(Endpoint.from_url(redis_server.url), 2.0, 1.0, splice=True)
+    try:
+        assert unix.pipe is not None and tcp.pipe is None
+    finally:
+        unix.close()
+        tcp.close()
 
 
 # -- a server that misbehaves (a narrow fake: Redis itself never does this) ------------------
