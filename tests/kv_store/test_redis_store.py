@@ -108,7 +108,7 @@ async def test_many_small_pipelines_keep_order(redis_server: RedisServer,
                                                make_store: MakeStore) -> None:
     # 8 KiB blocks: up to 4 commands in flight on each of 2 connections, 40 blocks.
     store = make_store(redis_server.url, pipeline_depth=4, connections=2,
-                       bytes_in_flight=32 << 10)
+                       put_bytes_in_flight=32 << 10, get_bytes_in_flight=24 << 10)
     blocks, tensors = make_blocks(40, seed=4)
     assert await store.put_many(blocks) == 40
     absent = chain_hashes(FP.root_hash(), [9] * (5 * BLOCK), BLOCK)

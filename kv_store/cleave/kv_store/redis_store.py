@@ -88,8 +88,10 @@ class RedisBlockStore:
         self.config = config
         self._redis = redis_py_client(config)
         self._pipelines = asyncio.Semaphore(config.connections)
-        self._limits = TransferLimits(config.connections, config.pipeline_depth,
-                                      config.bytes_in_flight)
+        self._put_limits = TransferLimits(config.connections, config.pipeline_depth,
+                                          config.put_bytes_in_flight)
+        self._get_limits = TransferLimits(config.connections, config.pipeline_depth,
+                                          config.get_bytes_in_flight)
         # Bulk SET/GET/STRLEN of one node go through the lean RESP path (see resp.py);
         # a cluster (slot routing) and TLS stay on redis-py.
         self._bulk: RespPool | None = None
@@ -149,7 +151,7 @@ class RedisBlockStore:
         async def work() -> int:
             if self._bulk is not None:
                 items = [(self.keys.block_key(b.block_hash), b.value) for b in blocks]
-                return await asyncio.to_thread(set_many, self._bulk, items, ttl, self._limits,
+                return await asyncio.to_thread(set_many, self._bulk, items, ttl, self._put_limits,
                                                [b.seal for b in blocks])
             batches = self._batches([b.nbytes for b in blocks])
             results = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
@@ -186,7 +188,7 @@ class RedisBlockStore:
                 sizes = [guess] * len(keys) if guess else None
                 reads = await asyncio.to_thread(
                     get_many_into, self._bulk, keys, self._buffers, sizes,
-                    lambda i, value: _check(hashes[i], value, finish), self._limits, ttl)
+                    lambda i, value: _check(hashes[i], value, finish), self._get_limits, ttl)
             else:
                 batches = self._batches([guess or _UNKNOWN_VALUE_BYTES] * len(hashes))
                 raw = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
