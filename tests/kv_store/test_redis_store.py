@@ -28,6 +28,7 @@ from redis_store_support import (
 
 from cleave.kv_store.block_hash import chain_hashes
 from cleave.kv_store.codec import BlockHeader, HeaderWriter, encode, header_size
+from cleave.kv_store.redis_config import RedisStoreConfig
 from cleave.kv_store.store import EncodedBlock, StoredBlock
 
 # --- single node: data path ---------------------------------------------------------------
@@ -342,3 +343,14 @@ async def test_a_value_of_another_length_is_read_and_checked(
     assert metric("cleave_kv_store_corrupt_blocks_total") - corrupt == 1
     plain.set(store.keys.block_key(hashes[3]), blocks[3].value)
     assert len(await store.fetch_prefix(hashes)) == 6  # the connections are still in step
+
+
+def test_puts_keep_more_in_flight_over_a_unix_socket_than_over_tcp() -> None:
+    """Measured per transport (see redis_config.py); a value given explicitly wins, and a
+    bound under one byte is refused."""
+    assert RedisStoreConfig(url="unix:///run/redis.sock").put_bytes == 2 << 20
+    assert RedisStoreConfig(url="redis://redis:6379/0").put_bytes == 512 << 10
+    assert RedisStoreConfig(url="redis://redis:6379/0", put_bytes_in_flight=4096).put_bytes == 4096
+    for bad in ({"put_bytes_in_flight": 0}, {"get_bytes_in_flight": 0}, {"connections": 0}):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            RedisStoreConfig(**bad)  # type: ignore[arg-type]

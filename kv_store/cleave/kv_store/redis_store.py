@@ -89,7 +89,7 @@ class RedisBlockStore:
         self._redis = redis_py_client(config)
         self._pipelines = asyncio.Semaphore(config.connections)
         self._put_limits = TransferLimits(config.connections, config.pipeline_depth,
-                                          config.put_bytes_in_flight)
+                                          config.put_bytes)
         self._get_limits = TransferLimits(config.connections, config.pipeline_depth,
                                           config.get_bytes_in_flight)
         # Bulk SET/GET/STRLEN of one node go through the lean RESP path (see resp.py);
