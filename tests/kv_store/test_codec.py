@@ -131,12 +131,18 @@ def test_encode_into_rejects_a_buffer_of_the_wrong_size() -> None:
             encode_into(memoryview(bytearray(n)), header)
 
 
-def test_a_deferred_header_is_checked_now_and_written_when_called() -> None:
-    t = bf16_tensor((2, 8))
+def _payload_in_place(t: torch.Tensor) -> tuple[BlockHeader, HeaderWriter, bytearray]:
+    """A value buffer with the tensor's bytes laid in and room left for the header."""
     header = header_for(t)
     writer = HeaderWriter(header.dtype, header.shape, header.num_tokens)
     buf = bytearray(writer.value_size)
     buf[writer.header_size:] = tensor_bytes(t)
+    return header, writer, buf
+
+
+def test_a_deferred_header_is_checked_now_and_written_when_called() -> None:
+    t = bf16_tensor((2, 8))
+    header, writer, buf = _payload_in_place(t)
     seal = writer.deferred(memoryview(buf), header.block_hash)
     assert bytes(buf[:writer.header_size]) == bytes(writer.header_size)  # not yet
     seal()
@@ -151,11 +157,7 @@ def test_a_deferred_header_is_checked_now_and_written_when_called() -> None:
 
 
 def test_a_store_seals_a_block_before_keeping_it() -> None:
-    t = bf16_tensor((2, 8))
-    header = header_for(t)
-    writer = HeaderWriter(header.dtype, header.shape, header.num_tokens)
-    buf = bytearray(writer.value_size)
-    buf[writer.header_size:] = tensor_bytes(t)
+    header, writer, buf = _payload_in_place(bf16_tensor((2, 8)))
     block = EncodedBlock(header.block_hash, memoryview(buf),
                          seal=writer.deferred(memoryview(buf), header.block_hash))
     store = MemoryBlockStore(KeySpace("seal", HASHES[0]))

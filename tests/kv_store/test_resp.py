@@ -21,13 +21,6 @@ def conn(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[
     c.close()
 
 
-@pytest.fixture
-def plain(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
-
-
 def test_strlen_many_reports_zero_for_missing(conn: RespConnection, plain: redis.Redis) -> None:
     fill(plain, {b"resp:l1": 1234})
     plain.delete(b"resp:l2")

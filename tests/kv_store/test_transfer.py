@@ -33,13 +33,6 @@ def pool(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[
     p.close()
 
 
-@pytest.fixture
-def plain(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
-
-
 def keep(_: int, value: memoryview | bytearray | None) -> bytes | None:
     return None if value is None else bytes(value)
 
