@@ -6,7 +6,6 @@ persistence off (the store is a cache: every block has a TTL and can be recomput
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -16,14 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-
-# A block cache frees and allocates tens of MiB a second. By default jemalloc (Redis's
-# allocator) hands freed pages back to the kernel within milliseconds of a large free, and
-# Redis then takes a page fault per 4 KiB to write the next blocks: measured, a third of the
-# benchmark's 45 MiB puts took 1,700-2,400 faults and ran 30 % slower. Kept, the pages are
-# reused: Redis's footprint stays at its peak, which is where a cache lives anyway. A
-# MALLOC_CONF in the environment wins.
-KEEP_FREED_MEMORY = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 
 
 class RedisNotInstalled(RuntimeError):
@@ -82,8 +73,7 @@ def start_local_redis(maxmemory: str = "0", timeout: float = 10.0) -> LocalRedis
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", str(sock),
          "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir", str(workdir),
          "--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru", "--logfile", str(log)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        env={**os.environ, "MALLOC_CONF": os.environ.get("MALLOC_CONF", KEEP_FREED_MEMORY)})
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     server = LocalRedis(proc, port, sock, workdir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
