@@ -6,7 +6,7 @@ Measured against the same redis-server on 2 cores, for 128 values of 360 KiB:
   2.6 GB/s with 12 MiB in flight per connection against 5.5 GB/s with 4 MiB.
 - A thread per connection had the threads contend for the GIL and for the core Redis needs.
 
-So one thread keeps a few connections each with a command or two in flight (about what
+So one thread keeps a few connections each with a block or a few in flight (about what
 ``redis-benchmark -P 1 -c 4``, its fastest setting here, keeps), and sends the next command
 on whichever connection answers first. A bare loop of this shape read at 7.0 GB/s where
 threads over pipelines read at 3.0 GB/s.
