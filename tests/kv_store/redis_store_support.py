@@ -36,6 +36,24 @@ def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels or None) or 0.0
 
 
+class StoreCounts:
+    """The store's counters from the moment this is made: ``moved(*names)`` says how far each
+    named one (``hits``, ``misses``, ``corrupt_blocks``, ``evictions_noticed``,
+    ``written_bytes``, ``read_bytes``) has moved since."""
+
+    def __init__(self) -> None:
+        self._start = {name: self._now(name) for name in (
+            "hits", "misses", "corrupt_blocks", "evictions_noticed", "written_bytes",
+            "read_bytes")}
+
+    @staticmethod
+    def _now(name: str) -> float:
+        return metric(f"cleave_kv_store_{name}_total")
+
+    def moved(self, *names: str) -> tuple[float, ...]:
+        return tuple(self._now(name) - self._start[name] for name in names)
+
+
 def errors(op: str) -> float:
     return metric("cleave_kv_store_errors_total", op=op)
 

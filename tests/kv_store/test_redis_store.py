@@ -19,9 +19,9 @@ from redis_store_support import (
     REAL_SHAPE,
     SHAPE,
     MakeStore,
+    StoreCounts,
     bf16_payload,
     make_blocks,
-    metric,
     same_bits,
     unique_namespace,
 )
@@ -39,11 +39,9 @@ async def test_put_get_round_trip(redis_server: RedisServer, make_store: MakeSto
     url = redis_server.url if transport == "tcp" else redis_server.unix_url
     store = make_store(url)
     blocks, tensors = make_blocks(6, seed=1)
-    hits, misses = metric("cleave_kv_store_hits_total"), metric("cleave_kv_store_misses_total")
-    written = metric("cleave_kv_store_written_bytes_total")
+    counts = StoreCounts()
     assert await store.put_many(blocks) == 6
-    assert metric("cleave_kv_store_written_bytes_total") - written == sum(
-        b.nbytes for b in blocks)
+    assert counts.moved("written_bytes") == (sum(b.nbytes for b in blocks),)
     missing = chain_hashes(FP.root_hash(), [1, 2, 3] * BLOCK, BLOCK)[0]
     got = await store.get_many([b.block_hash for b in blocks] + [missing])
     assert got[-1] is None
@@ -52,8 +50,7 @@ async def test_put_get_round_trip(redis_server: RedisServer, make_store: MakeSto
         assert stored.block_hash == block.block_hash
         assert stored.header == BlockHeader("bfloat16", SHAPE, BLOCK, block.block_hash)
         assert same_bits(stored, t)
-    assert metric("cleave_kv_store_hits_total") - hits == 6
-    assert metric("cleave_kv_store_misses_total") - misses == 1
+    assert counts.moved("hits", "misses") == (6, 1)
     assert await store.ping()
 
 
@@ -235,11 +232,11 @@ async def test_fetch_prefix_as_finishes_each_block_in_the_transfer_thread(
             return None  # say, a layout this caller cannot load
         return block.block_hash, same_bits(block, tensors[hashes.index(block.block_hash)])
 
-    corrupt = metric("cleave_kv_store_corrupt_blocks_total")
+    counts = StoreCounts()
     prefix = await store.fetch_prefix_as(hashes, finish)
     assert prefix == [(h, True) for h in hashes[:3]]
     assert threading.current_thread().name not in threads  # not the event loop's thread
-    assert metric("cleave_kv_store_corrupt_blocks_total") == corrupt
+    assert counts.moved("corrupt_blocks") == (0,)
 
 
 async def test_a_hole_in_the_chain_ends_the_prefix_and_is_an_eviction(
@@ -249,14 +246,10 @@ async def test_a_hole_in_the_chain_ends_the_prefix_and_is_an_eviction(
     hashes = [b.block_hash for b in blocks]
     await store.put_many(blocks)
     plain.delete(store.keys.block_key(hashes[2]))  # evicted: blocks 3-5 are still there
-    evictions = metric("cleave_kv_store_evictions_noticed_total")
-    misses = metric("cleave_kv_store_misses_total")
-    corrupt = metric("cleave_kv_store_corrupt_blocks_total")
+    counts = StoreCounts()
     prefix = await store.fetch_prefix(hashes)
     assert [s.block_hash for s in prefix] == hashes[:2]
-    assert metric("cleave_kv_store_evictions_noticed_total") - evictions == 1
-    assert metric("cleave_kv_store_misses_total") - misses == 1
-    assert metric("cleave_kv_store_corrupt_blocks_total") - corrupt == 0
+    assert counts.moved("evictions_noticed", "misses", "corrupt_blocks") == (1, 1, 0)
 
 
 async def test_a_chain_that_simply_ends_counts_no_miss(
@@ -265,13 +258,9 @@ async def test_a_chain_that_simply_ends_counts_no_miss(
     blocks, _ = make_blocks(8, seed=11)
     hashes = [b.block_hash for b in blocks]
     await store.put_many(blocks[:5])  # the prompt goes on past what is cached
-    evictions = metric("cleave_kv_store_evictions_noticed_total")
-    misses = metric("cleave_kv_store_misses_total")
-    hits = metric("cleave_kv_store_hits_total")
+    counts = StoreCounts()
     assert [s.block_hash for s in await store.fetch_prefix(hashes)] == hashes[:5]
-    assert metric("cleave_kv_store_hits_total") - hits == 5
-    assert metric("cleave_kv_store_misses_total") - misses == 0
-    assert metric("cleave_kv_store_evictions_noticed_total") - evictions == 0
+    assert counts.moved("hits", "misses", "evictions_noticed") == (5, 0, 0)
 
 
 async def test_a_fresh_store_reads_before_it_has_seen_a_value(
@@ -337,10 +326,10 @@ async def test_a_value_of_another_length_is_read_and_checked(
     hashes = [b.block_hash for b in blocks]
     await store.put_many(blocks)  # the store now expects values of this length
     plain.set(store.keys.block_key(hashes[3]), b"x" * 100)  # another writer's, shorter
-    corrupt = metric("cleave_kv_store_corrupt_blocks_total")
+    counts = StoreCounts()
     prefix = await store.fetch_prefix(hashes)
     assert [s.block_hash for s in prefix] == hashes[:3]
-    assert metric("cleave_kv_store_corrupt_blocks_total") - corrupt == 1
+    assert counts.moved("corrupt_blocks") == (1,)
     plain.set(store.keys.block_key(hashes[3]), blocks[3].value)
     assert len(await store.fetch_prefix(hashes)) == 6  # the connections are still in step
 

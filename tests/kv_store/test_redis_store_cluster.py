@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis_servers import RedisClusterServers
-from redis_store_support import SHAPE, MakeStore, make_blocks, metric, same_bits, unique_namespace
+from redis_store_support import (
+    SHAPE,
+    MakeStore,
+    StoreCounts,
+    make_blocks,
+    same_bits,
+    unique_namespace,
+)
 
 from cleave.kv_store.codec import header_size
 
@@ -80,7 +87,7 @@ async def test_cluster_corrupt_value_is_a_miss(redis_cluster: RedisClusterServer
     key = store.keys.block_key(blocks[1].block_hash)
     pos = header_size(len(SHAPE)) + 7
     cluster_client.setrange(key, pos, bytes([cluster_client.getrange(key, pos, pos)[0] ^ 1]))
-    corrupt = metric("cleave_kv_store_corrupt_blocks_total")
+    counts = StoreCounts()
     got = await store.get_many([b.block_hash for b in blocks])
     assert got[0] is not None and got[1] is None and got[2] is not None
-    assert metric("cleave_kv_store_corrupt_blocks_total") - corrupt == 1
+    assert counts.moved("corrupt_blocks") == (1,)
