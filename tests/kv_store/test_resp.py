@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -32,6 +34,23 @@ def test_an_error_reply_raises(conn: RespConnection, plain: redis.Redis) -> None
     plain.rpush(b"resp:list", b"x")
     with pytest.raises(RespError, match="WRONGTYPE"):
         conn.strlen_many([b"resp:list"])
+
+
+def test_more_bytes_than_the_scratch_holds_can_be_put_back_and_parsed(
+        conn: RespConnection) -> None:
+    value = os.urandom(70_000)  # more than the 64 KiB scratch buffer
+    conn.unread(memoryview(b"$70000\r\n" + value + b"\r\n"))
+    assert conn.read_reply() == value
+
+
+def test_a_failed_connect_gives_its_pool_slot_back(tmp_path: Path) -> None:
+    pool = RespPool(Endpoint.from_url(f"unix://{tmp_path / 'absent.sock'}"), 1, timeout=1.0,
+                    connect_timeout=0.5)
+    for _ in range(2):  # the second try connects again: it does not wait for a lost slot
+        with pytest.raises(OSError) as failed:
+            pool.take(1, time.monotonic() + 1.0)
+        assert not isinstance(failed.value, TimeoutError)
+    assert pool._free == 1
 
 
 def test_the_pool_hands_out_what_is_free_and_waits_for_the_rest(

@@ -306,3 +306,20 @@ def test_a_reply_trickling_in_still_ends_at_the_deadline(tmp_path: Path) -> None
         stop.set()
         pool.close()
         listener.close()
+
+
+def test_a_value_not_followed_by_crlf_is_a_protocol_error(tmp_path: Path) -> None:
+    def garble(conn: socket.socket) -> None:
+        conn.recv(1 << 16)
+        conn.sendall(b"$10\r\n" + b"0123456789" + b"XX")
+        conn.recv(1)  # hold the connection until the client closes it
+
+    listener = fake_server(tmp_path / "g.sock", garble)
+    pool = RespPool(Endpoint.from_url(f"unix://{tmp_path / 'g.sock'}"), 4, 2.0, 1.0)
+    try:
+        with pytest.raises(RespError, match="not followed by CRLF"):
+            get_many_into(pool, [b"k"], HostBuffers(1 << 20), [10], keep, WIDE)
+        assert pool._idle == [] and pool._free == 4
+    finally:
+        pool.close()
+        listener.close()

@@ -87,7 +87,7 @@ async def test_corrupt_blocks_are_recomputed(engines) -> None:  # type: ignore[n
 
 
 class _DownStore(MemoryBlockStore):
-    async def fetch_prefix(self, hashes):  # type: ignore[no-untyped-def]
+    async def fetch_prefix_as(self, hashes, finish):  # type: ignore[no-untyped-def]
         raise StoreUnavailable("down")
 
     async def put_many(self, blocks):  # type: ignore[no-untyped-def]

@@ -48,6 +48,7 @@ def test_a_continuation_yields_the_rest_of_the_greedy_answer(tiny_engine_factory
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     prompt = list(range(40, 73))
     [whole] = tiny_engine_factory().generate([prompt], params)
+    assert whole.text  # there is text to compare
     for k in (1, 6, 19):
         engine = tiny_engine_factory()
         sent = whole.token_ids[:k]
@@ -55,12 +56,17 @@ def test_a_continuation_yields_the_rest_of_the_greedy_answer(tiny_engine_factory
                        earlier_tokens=tuple(sent[:-1]))
         engine.add_request(f"resume-{k}", prompt, params, kv=kv)
         rest: list[int] = []
+        rest_text = ""
         last = None
         while engine.has_unfinished:
             for out in engine.step():
                 rest += out.new_token_ids
+                rest_text += out.new_text
                 last = out
         assert sent + rest == whole.token_ids, k
+        # And the text: what the client had, then what the resumed engine sent, reads whole.
+        had = _stream(IncrementalDetokenizer(engine.tokenizer), sent)
+        assert had + rest_text == whole.text, k
         assert last is not None and last.finish_reason is FinishReason.LENGTH
         # Counted in the request's own terms: its prompt, and all of its output.
         assert (last.num_prompt_tokens, last.num_output_tokens) == (len(prompt), 20)

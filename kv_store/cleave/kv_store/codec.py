@@ -131,16 +131,16 @@ def encode_into(value: memoryview, header: BlockHeader) -> None:
 
 
 def encode(header: BlockHeader, payload: memoryview | bytes) -> bytes:
-    """Header and payload as one new value (a copy; producers use :func:`encode_into`)."""
-    _check(header)
+    """Header and payload as one new value (a copy; producers lay payloads in place and use
+    :meth:`HeaderWriter.deferred`)."""
+    writer = HeaderWriter(header.dtype, header.shape, header.num_tokens)
     data = memoryview(payload).cast("B")
-    if data.nbytes != header.payload_len:
+    if data.nbytes != writer.value_size - writer.header_size:
         raise ValueError(f"payload is {data.nbytes} bytes; {header.shape} {header.dtype} "
                          f"needs {header.payload_len}")
-    start = header_size(len(header.shape))
-    value = bytearray(start + data.nbytes)
-    value[start:] = data
-    encode_into(memoryview(value), header)
+    value = bytearray(writer.value_size)
+    value[writer.header_size:] = data
+    writer.write(memoryview(value), header.block_hash)
     return bytes(value)
 
 

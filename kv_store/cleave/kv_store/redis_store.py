@@ -35,7 +35,7 @@ _UNKNOWN_VALUE_BYTES = 1 << 20  # batches reads of unknown sizes as if values we
 class _Read:
     nbytes: int | None  # None: no value under the key
     block: StoredBlock | None  # None with nbytes: the value is corrupt
-    finished: object = None  # what fetch_prefix_as's ``finish`` made of the block
+    finished: object = None  # what fetch_prefix_as's ``finish`` made of the block, if given
 
 
 def _check(block_hash: bytes, value: Any,
@@ -47,7 +47,7 @@ def _check(block_hash: bytes, value: Any,
     except CorruptBlock:
         return _Read(len(value), None)
     block = StoredBlock(header, payload)
-    return _Read(len(value), block, finish(block) if finish is not None else block)
+    return _Read(len(value), block, finish(block) if finish is not None else None)
 
 
 def _same(block: StoredBlock) -> StoredBlock:
@@ -194,7 +194,8 @@ class RedisBlockStore:
                 raw = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
                 reads = [_check(h, v, finish) for b, values in zip(batches, raw, strict=True)
                          for h, v in zip(hashes[b.start:b.stop], values, strict=True)]
-            self._value_bytes = next((r.nbytes for r in reads if r.nbytes), guess)
+            # Learnt from verified blocks only: a stray value must not set the expected size.
+            self._value_bytes = next((r.nbytes for r in reads if r.block is not None), guess)
             return reads
 
         return await self._bounded("get", work)
@@ -218,11 +219,10 @@ class RedisBlockStore:
                 sizes = await asyncio.to_thread(self._bulk.run, RespConnection.strlen_many,
                                                 keys)
             else:
-                async with self._pipelines:
-                    pipe = self._redis.pipeline(transaction=False)
+                def fill(pipe: Any) -> None:
                     for k in keys:
                         pipe.strlen(k)
-                    sizes = [int(n) for n in await pipe.execute()]
+                sizes = [int(n) for n in await self._run_pipeline(fill)]
             return next((i for i, n in enumerate(sizes) if n <= 0), len(sizes))
 
         return await self._bounded("lookup", work)

@@ -197,10 +197,7 @@ class RespConnection:
         """``size`` bytes plus CRLF; all but what was already buffered lands in place."""
         out = bytearray(size)
         view = memoryview(out)
-        have = min(self._end - self._start, size)
-        view[:have] = memoryview(self._scratch)[self._start:self._start + have]
-        self._start += have
-        got = have
+        got = self.take_buffered(view)
         while got < size:
             self._arm()
             n = self.sock.recv_into(view[got:])
@@ -278,20 +275,21 @@ class RespPool:
 
     def give_back(self, conns: Sequence[RespConnection], healthy: bool) -> None:
         """Return connections; ones that are not ``healthy`` (out of step) are closed."""
-        keep: list[RespConnection] = []
-        for conn in conns:
-            if healthy and not self._closed:
+        if healthy:
+            for conn in conns:
                 conn.sock.settimeout(self.timeout)
-                keep.append(conn)
-            else:
-                conn.close()
-        self._release(keep, len(conns))
+        self._release(conns if healthy else [], len(conns), close=[] if healthy else conns)
 
-    def _release(self, idle: Sequence[RespConnection], slots: int) -> None:
-        with self._changed:
-            self._idle.extend(idle)
+    def _release(self, idle: Sequence[RespConnection], slots: int,
+                 close: Sequence[RespConnection] = ()) -> None:
+        with self._changed:  # decided under the lock: a pool closing now keeps nothing
+            doomed = [*close, *idle] if self._closed else list(close)
+            if not self._closed:
+                self._idle.extend(idle)
             self._free += slots
             self._changed.notify_all()
+        for conn in doomed:
+            conn.close()
 
     @contextmanager
     def lend(self, want: int, deadline: float) -> Iterator[list[RespConnection]]:
@@ -304,9 +302,13 @@ class RespPool:
         finally:
             self.give_back(conns, healthy)
 
-    def run(self, work: Callable[..., T], *args: Any) -> T:
-        """Run ``work(connection, *args)`` on one blocking connection (call from a thread)."""
-        with self.lend(1, time.monotonic() + self.timeout) as (conn,):
+    def run(self, work: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
+        """Run ``work(connection, *args)`` on one blocking connection (call from a thread),
+        within ``deadline`` (default: the timeout from now)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
+        with self.lend(1, deadline) as (conn,):
+            conn.sock.settimeout(_left(deadline))
             return work(conn, *args)
 
     def close(self) -> None:

@@ -106,7 +106,7 @@ class _Lane:
         the rest by copying (see ``splice``)."""
         pipe = self.conn.pipe
         try:
-            while self.unsent or (pipe is not None and pipe.pending):
+            while self.has_unsent():
                 if pipe is not None and pipe.pending:
                     pipe.drain_into(self.conn.sock)
                     continue
@@ -242,9 +242,11 @@ def run_transfer(conns: Sequence[RespConnection], commands: Sequence[Command],
 
 
 def transfer(pool: RespPool, commands: Sequence[Command], limits: TransferLimits,
-             on_reply: OnReply) -> None:
-    """:func:`run_transfer` over connections from ``pool``, all within its timeout."""
-    deadline = time.monotonic() + pool.timeout
+             on_reply: OnReply, deadline: float | None = None) -> None:
+    """:func:`run_transfer` over connections from ``pool``, all within ``deadline`` (default:
+    the pool's timeout from now)."""
+    if deadline is None:
+        deadline = time.monotonic() + pool.timeout
     with pool.lend(min(limits.connections, len(commands)), deadline) as conns:
         run_transfer(conns, commands, limits, deadline, on_reply)
 
@@ -282,8 +284,9 @@ def get_many_into(pool: RespPool, keys: Sequence[bytes], buffers: HostBuffers,
     reply of another length than expected (rewritten, or gone, in between) is read the
     ordinary way; an error reply raises :class:`RespError`.
     """
+    deadline = time.monotonic() + pool.timeout  # one budget for the lengths and the values
     if sizes is None:
-        sizes = pool.run(RespConnection.strlen_many, keys)
+        sizes = pool.run(RespConnection.strlen_many, keys, deadline=deadline)
     renew = [b"EX", str(ttl).encode()] if ttl is not None else []
     heads = [b"$%d\r\n" % s if s > 0 else b"$-1\r\n" for s in sizes]
     lengths = [len(h) + s + 2 if s > 0 else len(h) for h, s in zip(heads, sizes, strict=True)]
@@ -299,5 +302,5 @@ def get_many_into(pool: RespPool, keys: Sequence[bytes], buffers: HostBuffers,
     def keep(i: int, reply: Reply) -> None:
         results[i] = each(i, reply if isinstance(reply, memoryview | bytearray) else None)
 
-    transfer(pool, commands, limits, keep)
+    transfer(pool, commands, limits, keep, deadline)
     return results  # type: ignore[return-value]  # every index was filled

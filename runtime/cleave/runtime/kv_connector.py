@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -35,6 +36,12 @@ T = TypeVar("T")
 
 
 STORE_WARNING_INTERVAL_SECONDS = 10.0
+
+# Blocks read through redis-py (Cluster, TLS) are read-only bytes, and torch warns when it views
+# them; the views are only ever copied from. Set once here, not around each call: the tensors
+# are made in the store's transfer threads, and catch_warnings is not thread-safe.
+warnings.filterwarnings("ignore", message="The given buffer is not writable",
+                        category=UserWarning)
 
 
 class ThrottledWarning:
@@ -127,9 +134,7 @@ class KVStoreConnector:
         h = block.header
         if h.dtype != self.dtype_name or h.shape != self.block_shape:
             return None
-        # redis-py's replies (Cluster, TLS) are read-only bytes: torch wants writable memory.
-        payload = bytearray(block.payload) if block.payload.readonly else block.payload
-        return torch.frombuffer(payload, dtype=self.dtype).view(self.block_shape)
+        return torch.frombuffer(block.payload, dtype=self.dtype).view(self.block_shape)
 
     async def load_prefix(self, prompt: list[int]) -> KVHandoff | None:
         """The prompt's longest cached prefix as a handoff, or None on a miss or trouble.

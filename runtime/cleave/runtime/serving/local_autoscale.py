@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import time
 import traceback
@@ -34,6 +33,7 @@ from cleave.operator.autoscaler.signals import SignalCollector, Target, collect
 from cleave.operator.status import PodCounts
 from cleave.runtime.serving.autoscale_settings import AutoscaleSettings
 from cleave.runtime.serving.local_processes import READY, STARTING, LocalProcess, Supervisor
+from cleave.runtime.serving.membership import write_atomically
 
 SERVICE, NAMESPACE = "cleave-up", "local"  # the metrics' llmservice and namespace labels
 WORKER_GRACE_SECONDS = 30.0  # `cleave worker --grace-period` default
@@ -123,11 +123,8 @@ class LocalAutoscaler:
 
     def _write_status(self, block: Mapping[str, Any]) -> None:
         """The status block as a file: written aside and renamed, so a reader never sees half."""
-        if self.status_path is None:
-            return
-        tmp = self.status_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(block, indent=2) + "\n")
-        os.replace(tmp, self.status_path)
+        if self.status_path is not None:
+            write_atomically(self.status_path, json.dumps(block, indent=2) + "\n")
 
     def _apply(self, session: aiohttp.ClientSession, d: Decision,
                ready: Sequence[LocalProcess], starting: Sequence[LocalProcess]) -> None:

@@ -39,14 +39,19 @@ def parse_members(text: str) -> dict[str, tuple[str, ...]]:
     return members
 
 
-def write_members(path: Path, members: Mapping[str, Sequence[str]]) -> None:
-    """Replace the file in one step, so the router reads either the old list or the new one."""
-    body = json.dumps({role: list(members.get(role, ())) for role in ROLES})
-    fd, tmp = tempfile.mkstemp(prefix=".workers-", dir=path.parent)
+def write_atomically(path: Path, text: str) -> None:
+    """Replace the file in one step (written aside, then renamed): a reader sees the old
+    contents or the new, never half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(body)
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_members(path: Path, members: Mapping[str, Sequence[str]]) -> None:
+    """Replace the file in one step, so the router reads either the old list or the new one."""
+    write_atomically(path, json.dumps({role: list(members.get(role, ())) for role in ROLES}))

@@ -62,12 +62,12 @@ def sampling_from_json(data: Any) -> SamplingParams:
     for k in _FLOAT_FIELDS:
         if k in data and (isinstance(data[k], bool) or not isinstance(data[k], int | float)):
             raise RequestError(f"sampling.{k} must be a number")
-    checks: tuple[tuple[str, Callable[[Any], bool]], ...] = (
-        ("stop", lambda v: isinstance(v, str)), ("stop_token_ids", _is_int))
-    for k, ok in checks:
-        if not isinstance(data.get(k, []), list) or not all(ok(v) for v in data.get(k, [])):
-            raise RequestError(f"sampling.{k} must be a list of "
-                               f"{'strings' if k == 'stop' else 'integers'}")
+    checks: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+        ("stop", lambda v: isinstance(v, str), "strings"),
+        ("stop_token_ids", _is_int, "integers"))
+    for k, ok, kind in checks:
+        if not _list_of(data.get(k, []), ok):
+            raise RequestError(f"sampling.{k} must be a list of {kind}")
     if not isinstance(data.get("ignore_eos", False), bool):
         raise RequestError("sampling.ignore_eos must be true or false")
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
@@ -76,6 +76,10 @@ def sampling_from_json(data: Any) -> SamplingParams:
         return SamplingParams(**fields)
     except TypeError as e:
         raise RequestError(f"bad sampling parameters: {e}") from None
+
+
+def _list_of(value: Any, ok: Callable[[Any], bool]) -> bool:
+    return isinstance(value, list) and all(ok(v) for v in value)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -207,7 +211,7 @@ class Worker:
             if first is not None and not _is_int(first):
                 raise RequestError("first_token must be an integer")
             earlier = body.get("earlier_token_ids") or []
-            if not isinstance(earlier, list) or not all(_is_int(t) for t in earlier):
+            if not _list_of(earlier, _is_int):
                 raise RequestError("earlier_token_ids must be a list of integers")
             if earlier and first is None:
                 raise RequestError("earlier_token_ids needs first_token")
