@@ -30,10 +30,10 @@ from dataclasses import replace
 
 from cleave.operator.autoscaler.baselines import Autoscaler, CleaveAutoscaler
 from cleave.operator.autoscaler.costmodel import build_cost_model
-from cleave.operator.autoscaler.policy import DECODE, PREFILL, PolicyConfig
+from cleave.operator.autoscaler.policy import PREFILL, PolicyConfig
 from cleave.operator.autoscaler.scenarios import (
     cleave_config,
-    oracle_schedule,
+    run_oracle,
     size_static,
     warm_start,
 )
@@ -81,12 +81,14 @@ def one_trace(kind: str, seed: int, cfg: SimConfig, duration: float
             att, gpu_h = run(trace, cfg, CleaveAutoscaler(policy), (max(warm[0], floor), warm[1]))
             points[f"cleave u={u} prefill>={floor}"] = (att, gpu_h / base)
     for window, u in ORACLE_SETTINGS:
-        oracle = oracle_schedule(cfg, trace, u, window)
-        start = oracle.replicas[0]
-        att, gpu_h = run(trace, cfg, oracle, (start[PREFILL], start[DECODE]))
-        points[f"oracle {window:g}s u={u}"] = (att, gpu_h / base)
+        res = run_oracle(cfg, trace, u, window)
+        points[f"oracle {window:g}s u={u}"] = (res.slo_attainment(), res.gpu_hours() / base)
     log(f"{kind} seed {seed}: " + ", ".join(f"{k} {a:.3f}/{g:.2f}" for k, (a, g) in points.items()))
     return points
+
+
+def meets(attainment: float, gpu_hours: float) -> bool:
+    return attainment >= GOAL_ATTAINMENT and gpu_hours <= GOAL_GPU_HOURS
 
 
 def cheapest_meeting_goal(points: dict[str, tuple[float, float]], family: str
@@ -114,17 +116,17 @@ def main() -> int:
         for kind in TRACES}
     names = list(per_trace[TRACES[0]][0])
     points = {
-        name: (min(statistics.fmean(run[name][0] for run in runs) for runs in per_trace.values()),
-               statistics.fmean(statistics.fmean(run[name][1] for run in runs)
+        name: (min(statistics.fmean(seed_points[name][0] for seed_points in runs)
+                   for runs in per_trace.values()),
+               statistics.fmean(statistics.fmean(seed_points[name][1] for seed_points in runs)
                                 for runs in per_trace.values()))
         for name in names}
     print(f"{'point':26s} {'worst attainment':>17s} {'GPU-h / static':>15s}")
     for name, (att, gpu_h) in points.items():
-        mark = " <- meets the target" if att >= GOAL_ATTAINMENT and gpu_h <= GOAL_GPU_HOURS else ""
+        mark = " <- meets the target" if meets(att, gpu_h) else ""
         print(f"{name:26s} {att:17.4f} {gpu_h:15.2f}{mark}")
     log(f"done in {time.monotonic() - started:.0f} s")
-    reactive_meets = any(a >= GOAL_ATTAINMENT and g <= GOAL_GPU_HOURS
-                         for k, (a, g) in points.items() if k.startswith("cleave"))
+    reactive_meets = any(meets(a, g) for k, (a, g) in points.items() if k.startswith("cleave"))
     print(json.dumps({
         "points": {k: [round(a, 4), round(g, 3)] for k, (a, g) in points.items()},
         "cleave_cheapest_meeting_attainment": cheapest_meeting_goal(points, "cleave"),

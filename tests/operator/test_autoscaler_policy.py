@@ -9,10 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_support import DEC, NOW, PRE, hist, one, two
 
-from cleave.operator.autoscaler.costmodel import (
-    decode_tokens_per_second,
-    prefill_tokens_per_second,
-)
+from cleave.operator.autoscaler.costmodel import build_cost_model, prefill_tokens_per_second
 from cleave.operator.autoscaler.policy import (
     DECODE,
     PREFILL,
@@ -67,9 +64,11 @@ def test_capacity_model_falls_back_to_the_design_arithmetic() -> None:
 
 
 def test_decode_arithmetic_batching_amortises_the_weight_read() -> None:
-    one_seq = decode_tokens_per_second(2e8, 1e6, 1, 1.5e10)
-    eight = decode_tokens_per_second(2e8, 1e6, 8, 1.5e10)
-    assert one_seq == pytest.approx(1.5e10 / 2.01e8)
+    # The capacity model's decode step (the simulator's and the prior's): a step reads the
+    # weights once plus every sequence's KV, so eight sequences go faster, not eight times.
+    cost = build_cost_model("H200", "70b")
+    one_seq = 1 / cost.decode_step_seconds(1, 2000)
+    eight = 8 / cost.decode_step_seconds(8, 8 * 2000)
     assert one_seq < eight < 8 * one_seq
 
 
@@ -226,6 +225,10 @@ def test_ratio_guard_trims_prefill_and_decode() -> None:
     out = two(RoleSignals(latency_p90=1.0, ready=1), RoleSignals(latency_p90=0.3, ready=1),
               pre, dec, ratio_bounds=(0.5, 2.0))
     assert out[DECODE].desired == 2
+    # Never below a role's minimum: prefill keeps its 3 though decode wants 1 (cap 2).
+    out = two(RoleSignals(latency_p90=1.0, ready=3), RoleSignals(latency_p90=0.05, ready=1),
+              RolePolicy(3, 20, 1.0), dec, ratio_bounds=(0.5, 2.0))
+    assert (out[PREFILL].desired, out[DECODE].desired) == (3, 1)
 
 
 # --- modes, spec, config checks, explainability ---------------------------------------------

@@ -137,6 +137,25 @@ def test_prefill_request_rate_counts_first_tokens_in_the_window() -> None:
     assert s.throughput_per_replica is None
 
 
+def test_a_restarted_pod_counts_its_new_counters_as_all_new() -> None:
+    """A pod whose counters went backwards restarted: what it counts now all happened since
+    (the token rate and the request rate share the windowed-rate code)."""
+    c = SignalCollector(window_s=30, stale_after_s=20)
+    before = FakeWorker("prefill")
+    for _ in range(50):
+        before.ttft.observe(0.3)
+    before.prompt.inc(5000)
+    _feed(c, "p0", before, 0.0)
+    after = FakeWorker("prefill")  # the same pod name, a fresh process
+    for _ in range(30):
+        after.ttft.observe(0.3)
+    after.prompt.inc(3000)
+    _feed(c, "p0", after, 30.0)
+    s = c.role_signals("prefill", 30.0, ready=1, starting=0, pending=0)
+    assert s.request_rate == pytest.approx(1.0)
+    assert s.token_rate == pytest.approx(100.0)
+
+
 def test_first_scrape_is_no_window_and_failed_scrape_is_stale() -> None:
     c = SignalCollector(window_s=30, stale_after_s=20)
     w = FakeWorker("prefill")

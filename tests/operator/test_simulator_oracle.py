@@ -3,15 +3,18 @@ from the trace, up a cold start before the load they serve."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from cleave.operator.autoscaler.baselines import Observation, ScheduledAutoscaler
 from cleave.operator.autoscaler.costmodel import build_cost_model
 from cleave.operator.autoscaler.policy import DECODE, PREFILL
-from cleave.operator.autoscaler.scenarios import capacity_estimate, oracle_schedule, run_policy
-from cleave.operator.autoscaler.simulator import SimConfig, simulate
+from cleave.operator.autoscaler.scenarios import (
+    capacity_estimate,
+    oracle_schedule,
+    run_oracle,
+    run_policy,
+)
+from cleave.operator.autoscaler.simulator import SimConfig
 from cleave.operator.autoscaler.traces import step
 
 CFG = SimConfig(build_cost_model("H200", "70b"), cold_start_s=90.0)
@@ -43,9 +46,7 @@ def test_the_oracle_is_up_a_cold_start_before_the_step() -> None:
 
 def test_knowing_the_load_beats_following_it_on_the_step() -> None:
     trace = step(2700, seed=0)
-    oracle = oracle_schedule(CFG, trace, 0.8)
-    start = oracle.replicas[0]
-    known = simulate(trace, replace(CFG, initial=(start[PREFILL], start[DECODE])), oracle)
+    known = run_oracle(CFG, trace, 0.8)
     followed = run_policy("cleave", trace, CFG, 12)
     assert known.slo_attainment() >= 0.99
     assert known.slo_attainment() >= followed.slo_attainment()

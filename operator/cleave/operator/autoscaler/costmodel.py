@@ -19,17 +19,10 @@ from pathlib import Path
 GB = 1e9
 
 
-
 def prefill_tokens_per_second(n_params: float, achieved_flops: float) -> float:
     """Prompt tok/s of one prefill replica, from t = 2 * N * n_input / FLOPs (DESIGN.md)."""
     return achieved_flops / (2.0 * n_params)
 
-
-def decode_tokens_per_second(weight_bytes: float, kv_bytes_per_seq: float, batch: int,
-                             bandwidth: float) -> float:
-    """Output tok/s of one decode replica: a step reads the weights once plus every sequence's
-    KV and yields one token per sequence (DESIGN.md), so batching amortises the weight read."""
-    return batch * bandwidth / (weight_bytes + batch * kv_bytes_per_seq)
 
 @dataclass(frozen=True)
 class Gpu:

@@ -88,11 +88,13 @@ def make_autoscaler(kind: str, cfg: SimConfig, trace: Trace, max_replicas: int,
 
 
 def capacity_estimate(cfg: SimConfig, trace: Trace, utilization: float,
-                      rate: float | None = None) -> tuple[int, int]:
-    """Replicas per role the capacity model asks for at ``rate`` (the trace's peak minute)."""
+                      rate: float | None = None,
+                      lengths: tuple[float, float] | None = None) -> tuple[int, int]:
+    """Replicas per role the capacity model asks for at ``rate`` (the trace's peak minute);
+    ``lengths``: the trace's mean prompt and output lengths, when already known."""
     cost = cfg.cost
     peak = trace.peak_rate(60.0) if rate is None else rate
-    mean_in, mean_out = mean_lengths(trace)
+    mean_in, mean_out = lengths or mean_lengths(trace)
     pre = peak * mean_in / (cost.prefill_tokens_per_second() * utilization)
     dec = peak * mean_out / (cost.decode_tokens_per_second(mean_in + mean_out / 2) * utilization)
     return max(1, math.ceil(pre)), max(1, math.ceil(dec))
@@ -107,6 +109,14 @@ def run_policy(kind: str, trace: Trace, cfg: SimConfig, max_replicas: int,
     else:
         cfg = replace(cfg, initial=warm_start(cfg, trace))
     return simulate(trace, cfg, make_autoscaler(kind, cfg, trace, max_replicas, static), progress)
+
+
+def run_oracle(cfg: SimConfig, trace: Trace, utilization: float,
+               window_s: float = 60.0) -> SimResult:
+    """The trace under :func:`oracle_schedule`, starting with the replicas it asks first."""
+    oracle = oracle_schedule(cfg, trace, utilization, window_s)
+    start = oracle.replicas[0]
+    return simulate(trace, replace(cfg, initial=(start[PREFILL], start[DECODE])), oracle)
 
 
 def warm_start(cfg: SimConfig, trace: Trace) -> tuple[int, int]:
@@ -144,7 +154,8 @@ def oracle_schedule(cfg: SimConfig, trace: Trace, utilization: float,
     counts = [0] * bins
     for r in trace.requests:
         counts[min(int(r.arrival // window_s), bins - 1)] += 1
-    need = [capacity_estimate(cfg, trace, utilization, c / window_s) for c in counts]
+    lengths = mean_lengths(trace)  # once, not per window
+    need = [capacity_estimate(cfg, trace, utilization, c / window_s, lengths) for c in counts]
     ahead = math.ceil((cfg.cold_start_s + cfg.interval_s) / window_s)
     times, replicas = [], []
     for i in range(bins):

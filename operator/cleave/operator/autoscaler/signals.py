@@ -254,8 +254,7 @@ class SignalCollector:
         return RoleSignals(
             latency_p90=self.quantile(role, 0.9, now), kv_usage=kv, queue_depth=queue,
             token_rate=token_rate, throughput_per_replica=self._saturated_rate(tokens, fresh),
-            # Prefill's requests served/s (its TTFT count) turns queue growth into demand.
-            # Requests served: observations of the TTFT histogram.
+            # Prefill's requests served/s (its TTFT observations) turn queue growth into demand.
             request_rate=self._rate(_count_of(TTFT), fresh) if role == PREFILL else None,
             ready=ready, starting=starting, pending=pending)
 
