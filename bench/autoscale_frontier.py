@@ -28,17 +28,18 @@ import sys
 import time
 from dataclasses import replace
 
-from cleave.operator.autoscaler.baselines import Autoscaler, CleaveAutoscaler
-from cleave.operator.autoscaler.costmodel import build_cost_model
-from cleave.operator.autoscaler.policy import PREFILL, PolicyConfig
-from cleave.operator.autoscaler.scenarios import (
+from cleave.autoscaling.baselines import Autoscaler
+from cleave.autoscaling.costmodel import build_cost_model
+from cleave.autoscaling.elastic import ElasticCleave
+from cleave.autoscaling.policy import PREFILL, PolicyConfig
+from cleave.autoscaling.scenarios import (
     cleave_config,
     run_oracle,
     size_static,
     warm_start,
 )
-from cleave.operator.autoscaler.simulator import SimConfig, simulate
-from cleave.operator.autoscaler.traces import Trace, make_trace
+from cleave.autoscaling.simulator import SimConfig, simulate
+from cleave.autoscaling.traces import Trace, make_trace
 
 TRACES = ("step", "bursty")
 MAX_REPLICAS = 12
@@ -78,7 +79,8 @@ def one_trace(kind: str, seed: int, cfg: SimConfig, duration: float
     for u in UTILIZATIONS:
         for floor in PREFILL_FLOORS:
             policy = cleave_variant(default, u, floor)
-            att, gpu_h = run(trace, cfg, CleaveAutoscaler(policy), (max(warm[0], floor), warm[1]))
+            # Cleave as deployed: flips first and the one-worker floor (elastic.ElasticCleave).
+            att, gpu_h = run(trace, cfg, ElasticCleave(policy), (max(warm[0], floor), warm[1]))
             points[f"cleave u={u} prefill>={floor}"] = (att, gpu_h / base)
     for window, u in ORACLE_SETTINGS:
         res = run_oracle(cfg, trace, u, window)

@@ -1,13 +1,31 @@
-"""Engine benchmark: Cleave vs transformers `generate` vs transformers continuous batching.
+"""Engine benchmark: Cleave vs vLLM's CPU build vs transformers `generate` and continuous batching.
 
 One process, one torch thread, the same requests, the same weights and dtype for all three;
 the runs are interleaved (this box drifts 20-50 % over an hour), and medians are reported.
 Also measured against same-run hardware baselines: prefill MFU (a 1024-token prefill's useful
 FLOP/s over a large bf16 matmul's FLOP/s) and batch-1 decode bandwidth use (weight + KV bytes
-read per step over a large tensor read's bandwidth).
+read per step over a large tensor read's bandwidth). ``families_identical`` counts the model
+families (tests/family_models.py) whose tiny random model the engine runs token for token like
+transformers, fp32 (the check tests/runtime/test_families.py asserts).
 
-    python bench/engine.py            # 32 requests, 2 rounds (~5 min on 2 CPU cores)
-    python bench/engine.py --quick    # 16 requests, 1 round (<3 min)
+vLLM (``vllm_tok_s``, ``speedup_vs_vllm``, ``vllm_decode_step_b1_ms``) runs when its venv exists
+(``make vllm-env``: .venv-vllm/), never in this process: bench/vllm_engine.py under that venv's
+python, fed the same requests over a pipe, started at the beginning (it loads while Cleave
+does) and run in the same rounds. Same weights (the converted default model directory, which
+vLLM reads as safetensors), same dtype, greedy, EOS ignored, token ids in and out (no
+detokenization on either), prefix caching off on vLLM (Cleave's is reset before each run and
+the random prompts share no block). Core budget for the model's compute: one core each. Cleave
+runs one torch thread; vLLM's model worker runs one OpenMP thread bound to one core
+(VLLM_CPU_OMP_THREADS_BIND=<core>, which also pins that process), its front-end and engine-core
+processes get OMP_NUM_THREADS=1 and are not pinned (vLLM reserves a core for its scheduler
+process; Cleave schedules on its one thread). vLLM keeps its own CPU defaults otherwise
+(torch.compile'd model, chunked prefill, its batch budgets, logged). Its first start compiles
+for minutes (cached under ~/.cache/vllm after). ``--quick`` skips vLLM; ``--vllm off`` too.
+Without the venv the JSON says ``"vllm": "absent"`` and the vLLM figures are null.
+
+    python bench/engine.py            # 32 requests, 2 rounds (~7 min on 2 CPU cores with vLLM)
+    python bench/engine.py --quick    # 16 requests, 1 round, no vLLM (<3 min)
+    PYTHONPATH=<tree>/runtime:... python bench/engine.py --quick --cleave-only  # A/B runs
 
 The last line is one JSON object with the figures and ratios.
 """
@@ -15,10 +33,14 @@ The last line is one JSON object with the figures and ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +57,8 @@ from cleave.runtime.engine.llm_engine import LLMEngine
 from cleave.runtime.engine.sequence import SamplingParams
 
 Requests = list[tuple[list[int], int]]
+
+VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
 
 def log(message: str) -> None:
@@ -124,6 +148,101 @@ def decode_bandwidth(engine: LLMEngine, bandwidth: float) -> tuple[float, float]
     return (engine.model.weight_bytes() + kv_bytes) / step / bandwidth, step
 
 
+class VllmProcess:
+    """bench/vllm_engine.py in the vLLM venv: one JSON command a line in, one JSON reply out."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype, core: int) -> None:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2",
+                   VLLM_CPU_OMP_THREADS_BIND=str(core), OMP_NUM_THREADS="1")
+        # vLLM logs a lot: to a file, so a full pipe never stalls it.
+        self.log_path = Path(tempfile.gettempdir()) / f"cleave-bench-vllm-{os.getpid()}.log"
+        with self.log_path.open("w") as log_file:
+            self.proc = subprocess.Popen(
+                [str(VLLM_PYTHON), str(Path(__file__).parent / "vllm_engine.py"),
+                 "--model", str(model_dir), "--dtype", str(dtype).removeprefix("torch.")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
+                text=True, env=env)
+        self.ready: dict[str, Any] | None = None
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"vLLM exited ({self.proc.wait()}; log {self.log_path}): {tail}")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def wait_ready(self) -> dict[str, Any]:
+        if self.ready is None:
+            self.ready = self._read()
+        return self.ready
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: _read says how
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_vllm(mode: str, quick: bool, model_dir: Path, dtype: torch.dtype,
+               core: int | None) -> tuple[VllmProcess | None, str]:
+    """(the running helper or None, what the JSON's ``vllm`` says)."""
+    if mode == "off" or (quick and mode == "auto"):
+        return None, "skipped"
+    if not VLLM_PYTHON.exists():
+        log(f"vLLM: absent ({VLLM_PYTHON} not found; `make vllm-env` creates it): "
+            "no vLLM figures this run")
+        return None, "absent"
+    core = max(os.sched_getaffinity(0)) if core is None else core
+    log(f"vLLM: starting {VLLM_PYTHON.parent.parent.name}'s vLLM on {model_dir}; its model "
+        f"worker is one OpenMP thread bound to core {core}, its other processes "
+        "OMP_NUM_THREADS=1, unpinned")
+    process = VllmProcess(model_dir, dtype, core)
+    log(f"vLLM: its log is {process.log_path}")
+    return process, "started"
+
+
+def count_families() -> tuple[int, int]:
+    """(families token-identical to transformers, families checked), on tiny fp32 models."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+    from family_models import FAMILIES, count_identical  # type: ignore[import-not-found]
+
+    with tempfile.TemporaryDirectory() as root:
+        return count_identical(Path(root)), len(FAMILIES)
+
+
+def cleave_only(engine: LLMEngine, requests: Requests, rounds: int, seed: int) -> int:
+    run_cleave(engine, [(p, 4) for p, _ in requests[:2]])
+    tok_s = []
+    for r in range(rounds):
+        tokens, seconds, _ = run_cleave(engine, requests)
+        tok_s.append(tokens / seconds)
+        log(f"round {r + 1}: cleave {tokens} tokens in {seconds:6.2f} s = {tok_s[-1]:6.1f} tok/s")
+    _, prefill_s = prefill_mfu(engine, 1.0, random.Random(seed + 1))
+    _, step_s = decode_bandwidth(engine, 1.0)
+    print(json.dumps({"cleave_tok_s": round(statistics.median(tok_s), 1),
+                      "rounds_tok_s": [round(t, 1) for t in tok_s],
+                      "prefill_1024_ms": round(prefill_s * 1e3, 1),
+                      "decode_step_b1_ms": round(step_s * 1e3, 2),
+                      "requests": len(requests)}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +255,15 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vllm", choices=["auto", "on", "off"], default="auto",
+                        help="auto: when .venv-vllm exists, not with --quick")
+    parser.add_argument("--vllm-core", type=int, default=None,
+                        help="core for vLLM's model thread (default: the last one allowed)")
+    parser.add_argument("--cleave-only", action="store_true",
+                        help="only Cleave's figures (tok/s per round, batch-1 decode step, "
+                        "1024-token prefill): for A/B runs of two engine versions, whose "
+                        "PYTHONPATH picks which Cleave runs; no baseline runs in the same "
+                        "process, so interleave the two versions' runs and compare medians")
     args = parser.parse_args()
     n_requests = args.requests or (16 if args.quick else 32)
     rounds = args.rounds or (1 if args.quick else 2)
@@ -145,6 +273,11 @@ def main() -> int:
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                                     num_threads=args.threads, kv_cache_bytes=2 << 30),
                        progress=log)
+    if args.cleave_only:
+        return cleave_only(engine, make_requests(n_requests, args.seed, engine.shape.vocab_size),
+                           rounds, args.seed)
+    vllm, vllm_status = start_vllm(args.vllm, args.quick, engine.model_files.directory,
+                                   engine.dtype, args.vllm_core)
     from transformers import AutoModelForCausalLM
 
     hf: Any = AutoModelForCausalLM.from_pretrained(str(engine.model_files.directory),
@@ -156,14 +289,36 @@ def main() -> int:
     warm = requests[:2]
     run_cleave(engine, [(p, 4) for p, _ in warm])
     run_hf_generate(hf, [(p, 4) for p, _ in warm])
+    if vllm is not None:
+        try:
+            ready = vllm.wait_ready()
+            vllm_status = ready["vllm"]
+            log(f"vLLM {ready['vllm']} ready: max_num_batched_tokens "
+                f"{ready['max_num_batched_tokens']}, max_num_seqs {ready['max_num_seqs']}, "
+                f"chunked prefill {ready['chunked_prefill']}")
+        except RuntimeError as e:
+            log(f"vLLM failed to start, no vLLM figures: {e}")
+            vllm, vllm_status = None, "failed"
 
-    runs: dict[str, list[float]] = {"cleave": [], "generate": [], "cb": []}
+    runs: dict[str, list[float]] = {"cleave": [], "generate": [], "cb": [], "vllm": []}
     outputs: dict[str, list[list[int]]] = {}
     for r in range(rounds):
         order = ["cleave", "generate", "cb"]
-        order = order[r % 3:] + order[:r % 3]
+        if vllm is not None:
+            order.insert(1, "vllm")
+        order = order[r % len(order):] + order[:r % len(order)]
         for name in order:
-            if name == "cleave":
+            if name == "vllm":
+                if vllm is None:
+                    continue
+                try:
+                    reply = vllm.call({"op": "generate", "requests": requests})
+                except RuntimeError as e:
+                    log(f"vLLM failed mid-run, no further vLLM runs: {e}")
+                    vllm, vllm_status = None, "failed"
+                    continue
+                tokens, seconds, out = reply["tokens"], reply["seconds"], reply["outputs"]
+            elif name == "cleave":
                 tokens, seconds, out = run_cleave(engine, requests)
             elif name == "generate":
                 res = run_hf_generate(hf, requests)
@@ -180,6 +335,10 @@ def main() -> int:
     same = sum(a == b for a, b in zip(outputs["cleave"], outputs["generate"], strict=True))
     log(f"greedy outputs identical to transformers generate: {same}/{n_requests} "
         "(bf16 rounding can flip near-ties)")
+    vllm_same = None
+    if "vllm" in outputs:
+        vllm_same = sum(a == b for a, b in zip(outputs["cleave"], outputs["vllm"], strict=True))
+        log(f"greedy outputs identical to vLLM: {vllm_same}/{n_requests}")
 
     rng = random.Random(args.seed + 1)
     peak = matmul_flops(engine.device, engine.dtype)
@@ -190,8 +349,26 @@ def main() -> int:
     bw_util, step_s = decode_bandwidth(engine, bandwidth)
     log(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; batch-1 decode step "
         f"{step_s * 1e3:.1f} ms -> bandwidth use {bw_util:.2f}")
+    vllm_step_ms = None
+    if vllm is not None:
+        try:
+            reply = vllm.call({"op": "decode_b1", "context": 256, "steps": 40, "repeats": 3})
+            vllm_step_ms = reply["step_ms"]
+            log(f"vLLM batch-1 decode step {vllm_step_ms:.1f} ms (256-token context; from "
+                "outside: (41-token request - 1-token request) / 40, medians of 3)")
+        except RuntimeError as e:
+            log(f"vLLM failed in its batch-1 decode: {e}")
+        vllm.close()
+
+    families_identical, families = count_families()
+    log(f"model families token-identical to transformers (fp32, tiny models): "
+        f"{families_identical}/{families}")
 
     cleave, gen, cb = (statistics.median(runs[k]) for k in ("cleave", "generate", "cb"))
+    vllm_tok_s = statistics.median(runs["vllm"]) if runs["vllm"] else None
+    if vllm_tok_s is not None:
+        log(f"Cleave {cleave:.1f} tok/s vs vLLM {vllm_tok_s:.1f} tok/s (medians) -> "
+            f"{cleave / vllm_tok_s:.2f}x")
     print(json.dumps({
         "cleave_tok_s": round(cleave, 1),
         "hf_generate_tok_s": round(gen, 1),
@@ -204,7 +381,13 @@ def main() -> int:
         "read_gbps": round(bandwidth / 1e9, 1),
         "prefill_1024_ms": round(prefill_s * 1e3, 1),
         "decode_step_b1_ms": round(step_s * 1e3, 2),
+        "vllm_tok_s": None if vllm_tok_s is None else round(vllm_tok_s, 1),
+        "speedup_vs_vllm": None if vllm_tok_s is None else round(cleave / vllm_tok_s, 2),
+        "vllm_decode_step_b1_ms": None if vllm_step_ms is None else round(vllm_step_ms, 2),
+        "vllm_identical_to_cleave": None if vllm_same is None else f"{vllm_same}/{n_requests}",
+        "vllm": vllm_status,
         "identical_to_generate": f"{same}/{n_requests}",
+        "families_identical": families_identical,
         "requests": n_requests, "rounds": rounds,
         "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
     }))

@@ -1,15 +1,16 @@
-# The operator image: kopf + the control plane. It imports neither torch nor the runtime
-# (import-linter enforces it), but the package is one distribution, so install it without
-# its heavy dependencies and add only what the control plane needs.
+# The operator image: kopf and the control plane, no torch (docs/images.md). The project is one
+# distribution; this image installs it with the `operator` extra alone, which
+# tools/check_images.py (`make images`) installs into a fresh venv to run `cleave operator`.
 FROM python:3.11-slim-bookworm
 RUN useradd --uid 10001 --create-home cleave
 WORKDIR /opt/cleave
 COPY pyproject.toml README.md ./
+COPY common common
+COPY autoscaling autoscaling
 COPY operator operator
 COPY runtime runtime
 COPY kv_store kv_store
-RUN pip install --no-cache-dir --no-deps . \
-    && pip install --no-cache-dir "kopf==1.45.*" "kubernetes==37.0.*" "aiohttp==3.14.*"
+RUN pip install --no-cache-dir '.[operator]'
 USER 10001
 ENV PYTHONUNBUFFERED=1
 ENTRYPOINT ["cleave"]

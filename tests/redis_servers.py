@@ -144,14 +144,17 @@ def _wait_ready(server: RedisServer, timeout: float) -> None:
 
 
 def start_server(*, password: str | None = None, port: int | None = None,
-                 extra_args: Sequence[str] = (), timeout: float = STARTUP_TIMEOUT
+                 extra_args: Sequence[str] = (), timeout: float = STARTUP_TIMEOUT,
+                 command: Sequence[str] = (REDIS_SERVER,), env: dict[str, str] | None = None,
                  ) -> RedisServer:
-    """A fresh redis-server on 127.0.0.1:<free port> and a unix socket, persisting nothing."""
+    """A fresh redis-server on 127.0.0.1:<free port> and a unix socket, persisting nothing.
+    ``command`` runs in its place (e.g. a pod's ``sh -c`` script that execs redis-server with
+    the arguments given after it), with ``env`` as its environment."""
     workdir = Path(tempfile.mkdtemp(prefix="ckv-", dir="/tmp"))
     port = free_port() if port is None else port
     sock = workdir / "redis.sock"
     log = workdir / "redis.log"
-    args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1",
+    args = [*command, "--port", str(port), "--bind", "127.0.0.1",
             "--unixsocket", str(sock), "--unixsocketperm", "700",
             "--save", "", "--appendonly", "no", "--dir", str(workdir),
             "--logfile", str(log), "--daemonize", "no"]
@@ -159,7 +162,7 @@ def start_server(*, password: str | None = None, port: int | None = None,
         args += ["--requirepass", password]
     args += list(extra_args)
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT, cwd=workdir,
+                            stderr=subprocess.STDOUT, cwd=workdir, env=env,
                             preexec_fn=_die_with_parent)
     server = RedisServer(port, workdir, sock, password, proc, log)
     _live.add(server)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from redis_servers import RedisServer, free_port, start_server
 
-CLI = [sys.executable, "-m", "cleave.runtime.cli"]
+CLI = [sys.executable, "-m", "cleave.common.cli"]
+SERVED = "tiny"  # the model name clients ask for, and the vllm:* metrics' model_name
 
 
 @dataclass
@@ -87,6 +88,7 @@ def start_worker(stack: Stack, role: str, logdir: Path, name: str | None = None)
     port = free_port()
     p = _spawn(name or f"{role}-{len(stack.workers)}",
                ["worker", "--role", role, "--port", str(port), "--model", stack.model,
+                "--served-model-name", SERVED,
                 "--dtype", "float32", "--kv-cache-memory", "8MiB",
                 "--redis-url", stack.redis.unix_url, "--store-timeout", "0.5",
                 "--grace-period", "5"], port, logdir)
@@ -106,7 +108,7 @@ def start_stack(model: Path, logdir: Path, prefill: int = 1, decode: int = 1,
         for w in stack.workers:
             wait_ready(w)
         port = free_port()
-        args = ["router", "--model", stack.model, "--served-model-name", "tiny",
+        args = ["router", "--model", stack.model, "--served-model-name", SERVED,
                 "--port", str(port), "--disaggregate-min-tokens", "16",
                 "--redis-url", stack.redis.unix_url, *router_args]
         for w in stack.workers:

@@ -37,20 +37,25 @@ def test_rbac_grants_what_the_operator_needs(default_docs: list[dict[str, Any]])
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     granted.setdefault((group, resource), set()).update(rule["verbs"])
-    read = {"get", "list", "watch"}
-    assert granted[("cleave.dev", "llmservices")] == read | {"patch"}
-    assert granted[("cleave.dev", "llmservices/status")] == {"patch", "update"}
-    for resource in ("deployments", "statefulsets"):
-        assert granted[("apps", resource)] == read | {"create", "patch", "update", "delete"}
-    assert granted[("apps", "deployments/scale")] == {"get", "patch", "update"}
-    for resource in ("services", "configmaps", "secrets"):
-        assert granted[("", resource)] == read | {"create", "patch", "delete"}
-    assert granted[("", "pods")] == read
-    assert granted[("", "events")] == {"create", "patch"}
-    assert granted[("events.k8s.io", "events")] == {"create", "patch"}
-    assert granted[("apiextensions.k8s.io", "customresourcedefinitions")] == read
-    # Standalone kopf: no leases, no peering objects, nothing else.
-    assert len(granted) == 12, sorted(granted)
+    # Exactly the verbs the code calls (issue 15): kube.py's get/create/patch/delete, its
+    # label-selected lists, the Scale patch, kopf's watch of LLMServices, its status patches
+    # and event posts; Secrets only read by name and created (a list would read them all).
+    children = {"get", "list", "create", "patch", "delete"}
+    assert granted == {
+        ("cleave.dev", "llmservices"): {"list", "watch", "patch"},
+        ("cleave.dev", "llmservices/status"): {"patch"},
+        ("cleave.dev", "llmservices/finalizers"): {"update"},
+        ("apps", "deployments"): children, ("apps", "statefulsets"): children,
+        ("apps", "deployments/scale"): {"patch"},
+        ("", "services"): children, ("", "configmaps"): children - {"delete"},
+        ("", "secrets"): {"get", "create"},
+        ("", "pods"): {"list"},
+        ("autoscaling", "horizontalpodautoscalers"): {"list"},
+        ("policy", "poddisruptionbudgets"): children,
+        ("networking.k8s.io", "networkpolicies"): children,
+        ("", "events"): {"create"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    }
 
 
 def test_every_rbac_rule_is_commented() -> None:
@@ -92,8 +97,22 @@ def test_operator_command_env_and_probes(default_docs: list[dict[str, Any]]) -> 
     assert "--metrics-port=9090" in container["args"]
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["CLEAVE_RUNTIME_IMAGE"] == "ghcr.io/cleave-dev/cleave-runtime:0.1.0"
+    assert env["CLEAVE_RUNTIME_GPU_IMAGE"] == "ghcr.io/cleave-dev/cleave-runtime:0.1.0-cu128"
     assert env["CLEAVE_LOG_LEVEL"] == "info"
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"healthz": 8080, "metrics": 9090}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+
+
+@requires_helm
+def test_the_operator_learns_who_may_scrape_the_workers(default_docs: list[dict[str, Any]]
+                                                        ) -> None:
+    """The NetworkPolicies the operator writes let these peers reach the workers' /metrics."""
+    import json
+
+    (container,) = operator_deployment(default_docs)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert json.loads(env["CLEAVE_METRICS_PEERS"]) == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "prometheus"}}}]

@@ -25,6 +25,8 @@ from chart_support import (
     validate_builtin,
 )
 
+from cleave.common import metric_names as names
+
 # --- lint and render ----------------------------------------------------------------------
 
 
@@ -176,12 +178,12 @@ def test_dashboard_json(all_on_docs: list[dict[str, Any]]) -> None:
     assert all("cleave_" in " ".join(t["expr"] for t in p["targets"]) for p in panels)
     text = "\n".join(exprs)
     for metric in (
-        "cleave_time_to_first_token_seconds_bucket",
-        "cleave_time_per_output_token_seconds_bucket",
-        "cleave_kv_cache_usage_ratio",
-        "cleave_kv_store_hits_total",
-        "cleave_kv_store_misses_total",
-        "cleave_kv_recompute_fallbacks_total",
+        names.bucket(names.TTFT),
+        names.bucket(names.TPOT),
+        names.KV_USAGE,
+        names.total(names.STORE_HITS),
+        names.total(names.STORE_MISSES),
+        names.total(names.KV_RECOMPUTE_FALLBACKS),
     ):
         assert metric in text, metric
     assert "histogram_quantile(0.5" in text and "histogram_quantile(0.9" in text

@@ -14,6 +14,7 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
+from cleave.common import metric_names as names
 from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
 from cleave.kv_store.codec import BlockHeader, encode
 from cleave.kv_store.redis_store import RedisBlockStore
@@ -36,6 +37,10 @@ def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels or None) or 0.0
 
 
+_STORE_SERIES = {"hits": names.STORE_HITS, "misses": names.STORE_MISSES,
+                 "corrupt_blocks": names.STORE_CORRUPT, "evictions_noticed": names.STORE_EVICTIONS,
+                 "written_bytes": names.STORE_WRITTEN_BYTES, "read_bytes": names.STORE_READ_BYTES}
+
 class StoreCounts:
     """The store's counters from the moment this is made: ``moved(*names)`` says how far each
     named one (``hits``, ``misses``, ``corrupt_blocks``, ``evictions_noticed``,
@@ -48,14 +53,14 @@ class StoreCounts:
 
     @staticmethod
     def _now(name: str) -> float:
-        return metric(f"cleave_kv_store_{name}_total")
+        return metric(names.total(_STORE_SERIES[name]))
 
-    def moved(self, *names: str) -> tuple[float, ...]:
-        return tuple(self._now(name) - self._start[name] for name in names)
+    def moved(self, *which: str) -> tuple[float, ...]:
+        return tuple(self._now(name) - self._start[name] for name in which)
 
 
 def errors(op: str) -> float:
-    return metric("cleave_kv_store_errors_total", op=op)
+    return metric(names.total(names.STORE_ERRORS), op=op)
 
 
 def bf16_payload(shape: tuple[int, ...], seed: int) -> torch.Tensor:

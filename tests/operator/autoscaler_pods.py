@@ -21,11 +21,11 @@ from kmock_support import KubeEmulator
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-# The runtime's buckets (runtime/cleave/runtime/metrics.py).
-LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                   7.5, 10.0, 20.0, 40.0, 80.0)
-TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
-                0.4, 0.5, 0.75, 1.0, 2.5)
+from cleave.common import metric_names as names
+
+# The runtime's buckets: the fake pods export what a worker does.
+LATENCY_BUCKETS = names.LATENCY_BUCKETS
+TPOT_BUCKETS = names.TPOT_BUCKETS
 
 
 @dataclass
@@ -48,14 +48,14 @@ class FakePod:
         self.registry = CollectorRegistry()
         self.scrapes = 0
         r = self.registry
-        self.ttft = Histogram("cleave_time_to_first_token_seconds", "TTFT", ["role"],
+        self.ttft = Histogram(names.TTFT, "TTFT", ["role"],
                               buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("cleave_time_per_output_token_seconds", "TPOT", ["role"],
+        self.tpot = Histogram(names.TPOT, "TPOT", ["role"],
                               buckets=TPOT_BUCKETS, registry=r)
-        self.waiting = Gauge("cleave_num_requests_waiting", "waiting", ["role"], registry=r)
-        self.kv = Gauge("cleave_kv_cache_usage_ratio", "kv", ["role"], registry=r)
-        self.prompt = Counter("cleave_prompt_tokens", "prompt tokens", ["role"], registry=r)
-        self.generated = Counter("cleave_generation_tokens", "output tokens", ["role"],
+        self.waiting = Gauge(names.WAITING, "waiting", ["role"], registry=r)
+        self.kv = Gauge(names.KV_USAGE, "kv", ["role"], registry=r)
+        self.prompt = Counter(names.PROMPT_TOKENS, "prompt tokens", ["role"], registry=r)
+        self.generated = Counter(names.GENERATION_TOKENS, "output tokens", ["role"],
                                  registry=r)
 
     def render(self) -> bytes:

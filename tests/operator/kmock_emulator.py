@@ -7,6 +7,7 @@ It keeps kmock's object store, discovery and HTTP server, and serves resource UR
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import contextlib
 import copy
@@ -52,6 +53,9 @@ class Emulator(kmock.KubernetesEmulator):
     custom: set[kmock.resource] = attrs.field(factory=set)  # defined by CRDs
     changed: asyncio.Event = attrs.field(factory=asyncio.Event)
     closing: bool = False
+    # Every request, as (method, path with query, actor): the actor is "kopf" for kopf's own
+    # client (its User-Agent), else the Authorization header; tests tell callers apart by it.
+    requests: list[tuple[str, str, str]] = attrs.field(factory=list)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -78,6 +82,12 @@ class Emulator(kmock.KubernetesEmulator):
         return copy.deepcopy(self.objects[key].raw)
 
     def store(self, key: Any, obj: Obj, etype: str) -> Obj:
+        if self.resources[key[0]].kind == "Secret" and obj.get("stringData"):
+            # The API server folds stringData into data (base64) and never stores it: a
+            # reader of data (the operator's secret_value) must see what was written.
+            data = obj.setdefault("data", {})
+            for k, v in obj.pop("stringData").items():
+                data[k] = base64.b64encode(str(v).encode()).decode()
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         if etype == "DELETED":
@@ -185,6 +195,10 @@ class Emulator(kmock.KubernetesEmulator):
                 and selects(params.get("fieldSelector", ""), lambda path: dig(obj, path)))
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        actor = "kopf" if headers.get("user-agent", "").startswith("kopf") \
+            else headers.get("authorization", "")
+        self.requests.append((request.method.value, str(request.url.path_qs), actor))
         if (m := URL.match(request.url.path)) is None:  # discovery, /version, unknown URLs
             return await apps.RawHandler._handle(self, request)
         try:
@@ -242,10 +256,18 @@ class Emulator(kmock.KubernetesEmulator):
         assert raw_request is not None
         await raw.prepare(raw_request)
         events: list[Obj] = []
-        if since in ("", "0"):  # no resume point: the current state as ADDED events, then live
+        initial = params.get("sendInitialEvents") == "true"  # a WatchList (kubectl >= 1.35)
+        if since in ("", "0") or initial:  # the current state as ADDED events, then live
             events = [{"type": "ADDED", "object": o} for _, o in self.live(res)
                       if self.matches(ns, params, o)]
             pos = len(self.log)
+            if initial:  # the bookmark that ends the initial events
+                info = self.resources[res]
+                group = f"{res.group}/" if res.group else ""
+                events.append({"type": "BOOKMARK", "object": {
+                    "kind": info.kind, "apiVersion": f"{group}{res.version}", "metadata": {
+                        "resourceVersion": str(self.rv),
+                        "annotations": {"k8s.io/initial-events-end": "true"}}}})
         else:
             pos = bisect.bisect_right(self.log, int(since), key=lambda entry: entry[0])
         with contextlib.suppress(ConnectionError, RuntimeError):  # the client went away

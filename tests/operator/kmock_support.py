@@ -3,7 +3,8 @@
 ``Emulator`` keeps kmock's object store, discovery and HTTP server, and serves resource URLs
 itself: uid/resourceVersion/generation/creationTimestamp, 201 on create, errors as ``Status``,
 PUT, merge/strategic-merge/JSON patches, ``status`` and ``scale`` subresources, label and field
-selectors, watches resumed from a resourceVersion, finalizers, CRDs added to discovery when
+selectors, watches resumed from a resourceVersion, watch lists (``sendInitialEvents`` with the
+initial-events-end bookmark kubectl 1.35 waits for), finalizers, CRDs added to discovery when
 created, and garbage collection of dependents whose owners are all gone (after each removal).
 ``kube_emulator()`` serves it on a free 127.0.0.1 port from a thread with its own event loop, so
 sync clients (``kubernetes``, ``kubectl``) and kopf (``run_operator()``) can all use it.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cleave.operator.autoscaler.policy import (
+from cleave.autoscaling.policy import (
     DECODE,
     PREFILL,
     Decision,

@@ -19,19 +19,21 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
-from cleave.operator.autoscaler import metrics, report
+from cleave.autoscaling import metrics, report
+from cleave.autoscaling.pods import PodCounts
+from cleave.autoscaling.policy import Decision, RoleSignals, decide, seed
+from cleave.common import metric_names as names
 from cleave.operator.autoscaler.controller import (
     ServiceAutoscaler,
     Tick,
     metrics_url,
 )
-from cleave.operator.autoscaler.policy import Decision, RoleSignals, decide, seed
 from cleave.operator.autoscaler.policy_from_spec import config_from_spec
 from cleave.operator.kube import Kube
 from cleave.operator.main import run_operator
 from cleave.operator.reconcile import initial_replicas, owned_replicas, reconcile
 from cleave.operator.spec import SpecError, parse_spec
-from cleave.operator.status import PodCounts, count_pods
+from cleave.operator.status import count_pods
 
 
 def spec_of(prefill: dict[str, Any] | None = None, decode: dict[str, Any] | None = None,
@@ -106,9 +108,12 @@ def test_bad_tokens_per_second_per_replica_is_a_spec_error(role: str, value: Any
 
 
 @pytest.mark.parametrize(("mode", "owned", "initial"), [
-    ("Cleave", {"prefill": None, "decode": 1}, {"prefill": 2}),
-    ("External", {"prefill": None, "decode": None}, {}),
-    ("Disabled", {"prefill": 5, "decode": 1}, {}),
+    ("Cleave", {"prefill": None, "decode": 1, "router": 1},
+     {"prefill": 2, "decode": 1, "router": 1}),
+    ("External", {"prefill": None, "decode": None, "router": 1},
+     {"prefill": 5, "decode": 1, "router": 1}),
+    ("Disabled", {"prefill": 5, "decode": 1, "router": 1},
+     {"prefill": 5, "decode": 1, "router": 1}),
 ])
 def test_replica_ownership_by_mode(mode: str, owned: dict[str, int | None],
                                    initial: dict[str, int]) -> None:
@@ -118,11 +123,22 @@ def test_replica_ownership_by_mode(mode: str, owned: dict[str, int | None],
     assert spec.autoscaled_roles() == (("prefill",) if mode == "Cleave" else ())
 
 
+def test_an_hpa_that_targets_a_deployment_owns_its_replicas() -> None:
+    """Creating an HPA (or a KEDA ScaledObject, which makes one) for any Deployment is how a
+    user hands its replicas over; the others stay the operator's."""
+    spec = parse_spec(spec_of(None, {"replicas": 3}, mode="Disabled"))
+    name = spec.name
+    assert owned_replicas(spec, {f"{name}-router", "unrelated"}) == {
+        "prefill": None, "decode": 3, "router": None}
+    assert owned_replicas(spec, {f"{name}-decode"})["decode"] is None
+
+
 def test_initial_replicas_at_zero_only_with_scale_to_zero() -> None:
     zero = {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}
-    assert initial_replicas(parse_spec(spec_of(zero, zero))) == {"prefill": 1, "decode": 1}
+    assert initial_replicas(parse_spec(spec_of(zero, zero))) == {
+        "prefill": 1, "decode": 1, "router": 1}
     assert initial_replicas(parse_spec(spec_of(zero, zero, scaleToZero=True))) == {
-        "prefill": 0, "decode": 0}
+        "prefill": 0, "decode": 0, "router": 1}
 
 
 @pytest.fixture()
@@ -313,11 +329,11 @@ def test_desired_gauge_keeps_one_series_per_role() -> None:
     labels = {"llmservice": "m1", "namespace": "ns", "role": "decode"}
     metrics.set_desired("m1", "ns", "decode", 3, advisory=True)
     metrics.set_desired("m1", "ns", "decode", 2, advisory=False)
-    gauge = "cleave_autoscaler_desired_replicas"
+    gauge = names.AUTOSCALER_DESIRED
     assert REGISTRY.get_sample_value(gauge, {**labels, "advisory": "false"}) == 2
     assert REGISTRY.get_sample_value(gauge, {**labels, "advisory": "true"}) is None
     metrics.count_decision("m1", "ns", "decode", "up", advisory=False)
-    assert REGISTRY.get_sample_value("cleave_autoscaler_decisions_total", {
+    assert REGISTRY.get_sample_value(names.total(names.AUTOSCALER_DECISIONS), {
         **labels, "direction": "up", "advisory": "false"}) == 1
     metrics.set_desired("m1", "ns", "prefill", 1, advisory=False)
     metrics.forget("m1", "ns", keep=["prefill"])  # decode is no longer autoscaled
@@ -340,7 +356,7 @@ def test_bad_metrics_port_is_refused_before_anything_starts(
 
 def test_a_seeded_history_keeps_idle_replicas_for_the_whole_down_window() -> None:
     # What both backends do when their loop starts with replicas already up.
-    from cleave.operator.autoscaler.policy import PolicyConfig, RolePolicy, ScalingState
+    from cleave.autoscaling.policy import PolicyConfig, RolePolicy, ScalingState
 
     cfg = PolicyConfig({"decode": RolePolicy(0, 2, down_window_s=60)}, scale_to_zero=True)
     idle = {"decode": RoleSignals(ready=1, queue_depth=0, token_rate=0.0)}

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from policy_support import NOW, one
 
-from cleave.operator.autoscaler.demand import demand_rise
-from cleave.operator.autoscaler.policy import (
+from cleave.autoscaling.demand import demand_rise
+from cleave.autoscaling.policy import (
     PREFILL,
     RolePolicy,
     RoleSignals,

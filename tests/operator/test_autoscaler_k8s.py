@@ -14,6 +14,8 @@ from kmock_support import KubeEmulator, eventually, operator_emulator, run_opera
 from kubernetes import client
 from prometheus_client import REGISTRY
 
+from cleave.common import metric_names as names
+
 NS = "default"
 CR = ("cleave.dev", "v1alpha1", NS, "llmservices")
 HANDLERS = "cleave.operator.handlers"
@@ -82,7 +84,7 @@ def test_high_ttft_scales_prefill_and_the_status_says_why(emu: KubeEmulator,
     create(emu, service("chat", {"autoscaling": {"minReplicas": 1, "maxReplicas": 4,
                                                  "ttftSeconds": 0.5}}, {"replicas": 1}))
     labels = {"llmservice": "chat", "namespace": NS, "role": "prefill"}
-    ups = metric("cleave_autoscaler_decisions_total", **labels, direction="up",
+    ups = metric(names.total(names.AUTOSCALER_DECISIONS), **labels, direction="up",
                  advisory="false") or 0.0
     with run_operator(emu, module=HANDLERS):
         # An autoscaled role's Deployment is created at its minimum.
@@ -102,8 +104,8 @@ def test_high_ttft_scales_prefill_and_the_status_says_why(emu: KubeEmulator,
         # One Event per change, its message the reason; the operator's metrics agree.
         reason, message = eventually(lambda: events(emu, "chat"))[0]
         assert reason == "ScaledUp" and message.startswith("prefill 1 -> 2: ttft asks for 2")
-        assert metric("cleave_autoscaler_desired_replicas", **labels, advisory="false") == 2
-        assert metric("cleave_autoscaler_decisions_total", **labels, direction="up",
+        assert metric(names.AUTOSCALER_DESIRED, **labels, advisory="false") == 2
+        assert metric(names.total(names.AUTOSCALER_DECISIONS), **labels, direction="up",
                       advisory="false") == ups + 1
         # The fixed role is the reconcile's, never the autoscaler's.
         assert replicas(emu, "chat-decode") == 1
@@ -137,11 +139,11 @@ def test_high_tpot_or_kv_usage_scales_decode(emu: KubeEmulator, servers: PodServ
         assert replicas(emu, "chat-prefill") == 1
         # Deleting the service ends its loop (kopf releases the finalizer) and its series.
         gauge = {"llmservice": "chat", "namespace": NS, "role": "decode", "advisory": "false"}
-        assert metric("cleave_autoscaler_desired_replicas", **gauge) == 2
+        assert metric(names.AUTOSCALER_DESIRED, **gauge) == 2
         client.CustomObjectsApi(emu.api_client()).delete_namespaced_custom_object(*CR, "chat")
         eventually(lambda: emu.get("llmservices", NS, "chat") is None
                    and emu.get("deployments", NS, "chat-decode") is None)
-        eventually(lambda: metric("cleave_autoscaler_desired_replicas", **gauge) is None)
+        eventually(lambda: metric(names.AUTOSCALER_DESIRED, **gauge) is None)
 
 
 def test_a_pod_that_does_not_answer_holds_instead_of_scaling_down(
@@ -185,9 +187,9 @@ def test_external_and_disabled_services_are_never_scaled(emu: KubeEmulator,
             hot_prefill(servers, emu, svc, f"{svc}-prefill-a")
         eventually(lambda: replicas(emu, "on-prefill") == 2)  # the loop runs and acts
         time.sleep(1.0)
-        # External: never written (the API's default 1, an HPA's from then on); Disabled: the
-        # spec's fixed replicas, whatever the metrics say.
-        assert replicas(emu, "ext-prefill") in (None, 1)
+        # External: created at the spec's count, never written again (an HPA's from then on);
+        # Disabled: the spec's fixed replicas, whatever the metrics say.
+        assert replicas(emu, "ext-prefill") == 3  # created at the spec's count, then left
         assert replicas(emu, "off-prefill") == 3
         assert autoscaler_status(emu, "ext") == {} and autoscaler_status(emu, "off") == {}
         assert not events(emu, "ext") and not events(emu, "off")
@@ -212,7 +214,7 @@ def test_dry_run_records_the_decision_and_leaves_replicas_alone(
         assert block["desiredReplicas"] == {"prefill": 2}
         reason, message = eventually(lambda: events(emu, "chat"))[0]
         assert reason == "WouldScaleUp" and message.startswith("advisory (dryRun): prefill 1")
-        assert metric("cleave_autoscaler_desired_replicas", llmservice="chat", namespace=NS,
+        assert metric(names.AUTOSCALER_DESIRED, llmservice="chat", namespace=NS,
                       role="prefill", advisory="true") == 2
         time.sleep(1.5)  # a standing recommendation is told once, and never acted on
         assert replicas(emu, "chat-prefill") == 1
@@ -242,7 +244,8 @@ def test_coordinated_scale_from_and_to_zero(emu: KubeEmulator, servers: PodServe
                    and replicas(emu, "chat-decode") == 1)
         # The status is written right after the scale: poll it too, never read it once.
         def reasons() -> dict[str, str]:
-            return {d["role"]: d["reason"] for d in autoscaler_status(emu, "chat")["decisions"]}
+            return {d["role"]: d["reason"]
+                    for d in autoscaler_status(emu, "chat").get("decisions", [])}
 
         eventually(lambda: reasons().get("prefill", "").startswith("demand while at zero"))
         # Served and idle again: both roles go back to zero together.
@@ -254,6 +257,6 @@ def test_coordinated_scale_from_and_to_zero(emu: KubeEmulator, servers: PodServe
                    and replicas(emu, "chat-decode") == 0)
         def latest() -> set[tuple[str, int, int]]:
             return {(d["role"], d["current"], d["desired"])
-                    for d in autoscaler_status(emu, "chat")["decisions"][:2]}
+                    for d in autoscaler_status(emu, "chat").get("decisions", [])[:2]}
 
         eventually(lambda: latest() == {("prefill", 1, 0), ("decode", 1, 0)})

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_support import DEC, NOW, PRE, hist, one, two
 
-from cleave.operator.autoscaler.costmodel import build_cost_model, prefill_tokens_per_second
-from cleave.operator.autoscaler.policy import (
+from cleave.autoscaling.costmodel import build_cost_model, prefill_tokens_per_second
+from cleave.autoscaling.policy import (
     DECODE,
     PREFILL,
     PolicyConfig,
@@ -253,7 +253,8 @@ def test_config_from_spec() -> None:
     assert cfg.roles[PREFILL] == RolePolicy(1, 4, 0.5, None, gpus_per_replica=1)
     assert cfg.roles[DECODE] == RolePolicy(0, 8, 0.05, 0.85)
     assert (cfg.gpu_budget, cfg.scale_to_zero, cfg.mode) == (8, True, "External")
-    fixed = config_from_spec(parse_spec({"spec": {"model": {"name": "m", "source": "s"},
+    fixed = config_from_spec(parse_spec({"metadata": {"name": "chat"},
+                                         "spec": {"model": {"name": "m", "source": "s"},
                                                   "kvStore": {"managed": {}},
                                                   "decode": {"replicas": 3}}}))
     assert fixed.roles == {DECODE: RolePolicy(3, 3)}

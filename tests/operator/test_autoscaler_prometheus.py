@@ -10,8 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from cleave.autoscaling.policy import RoleSignals
+from cleave.common import metric_names as names
 from cleave.operator.autoscaler import prometheus
-from cleave.operator.autoscaler.policy import RoleSignals
 
 # --- Prometheus source --------------------------------------------------------------------
 
@@ -20,13 +21,13 @@ def test_promql_per_role() -> None:
     q = prometheus.queries("ml", "chat", "prefill", 60)
     sel = 'namespace="ml", llmservice="chat", role=~"prefill"'
     assert q["latency_p90"] == ("histogram_quantile(0.9, sum by (le) (rate("
-                                f"cleave_time_to_first_token_seconds_bucket{{{sel}}}[60s])))")
-    assert q["token_rate"] == f"sum(rate(cleave_prompt_tokens_total{{{sel}}}[60s]))"
+                                f"{names.bucket(names.TTFT)}{{{sel}}}[60s])))")
+    assert q["token_rate"] == f"sum(rate({names.total(names.PROMPT_TOKENS)}{{{sel}}}[60s]))"
     assert q["queue_router"] == \
-        'sum(cleave_num_requests_waiting{namespace="ml", llmservice="chat", role="router"})'
+        f'sum({names.WAITING}{{namespace="ml", llmservice="chat", role="router"}})'
     assert "kv_usage" not in q
     d = prometheus.queries("ml", "chat", "decode", 30)
-    assert "cleave_time_per_output_token_seconds_bucket" in d["latency_p90"]
+    assert names.bucket(names.TPOT) in d["latency_p90"]
     assert 'role=~"decode|both"' in d["kv_usage"] and "[30s]" in d["token_rate"]
 
 

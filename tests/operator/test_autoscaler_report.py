@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cleave.operator.autoscaler import report
-from cleave.operator.autoscaler.policy import Decision
+from cleave.autoscaling import report
+from cleave.autoscaling.policy import Decision
 
 # --- report -------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from cleave.operator.autoscaler.signals import (
+from cleave.autoscaling.pods import PodCounts
+from cleave.autoscaling.signals import (
     SignalCollector,
     Target,
     collect,
@@ -19,7 +20,7 @@ from cleave.operator.autoscaler.signals import (
     parse_metrics,
     scrape,
 )
-from cleave.operator.status import PodCounts
+from cleave.common import metric_names as names
 
 BUCKETS = (0.1, 0.2, 0.5, 1.0, 2.0)
 
@@ -30,14 +31,14 @@ class FakeWorker:
     def __init__(self, role: str) -> None:
         self.role = role
         r = self.registry = CollectorRegistry()
-        self.ttft = Histogram("cleave_time_to_first_token_seconds", "", ["role"],
+        self.ttft = Histogram(names.TTFT, "", ["role"],
                               buckets=BUCKETS, registry=r).labels(role)
-        self.tpot = Histogram("cleave_time_per_output_token_seconds", "", ["role"],
+        self.tpot = Histogram(names.TPOT, "", ["role"],
                               buckets=BUCKETS, registry=r).labels(role)
-        self.prompt = Counter("cleave_prompt_tokens", "", ["role"], registry=r).labels(role)
-        self.gen = Counter("cleave_generation_tokens", "", ["role"], registry=r).labels(role)
-        self.waiting = Gauge("cleave_num_requests_waiting", "", ["role"], registry=r).labels(role)
-        self.kv = Gauge("cleave_kv_cache_usage_ratio", "", ["role"], registry=r).labels(role)
+        self.prompt = Counter(names.PROMPT_TOKENS, "", ["role"], registry=r).labels(role)
+        self.gen = Counter(names.GENERATION_TOKENS, "", ["role"], registry=r).labels(role)
+        self.waiting = Gauge(names.WAITING, "", ["role"], registry=r).labels(role)
+        self.kv = Gauge(names.KV_USAGE, "", ["role"], registry=r).labels(role)
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()
@@ -50,12 +51,12 @@ def test_parse_sums_label_sets_and_drops_created_samples() -> None:
     w.prompt.inc(100)
     w.kv.set(0.25)
     m = parse_metrics(w.text())
-    h = m.histograms["cleave_time_to_first_token_seconds"]
+    h = m.histograms[names.TTFT]
     assert h.bounds == (*BUCKETS, math.inf)
     assert h.cumulative == (0, 1, 1, 2, 2, 2)
     assert h.count == 2 and h.total == pytest.approx(0.85)
-    assert m.values["cleave_prompt_tokens"] == 100
-    assert m.values["cleave_kv_cache_usage_ratio"] == 0.25
+    assert m.values[names.PROMPT_TOKENS] == 100
+    assert m.values[names.KV_USAGE] == 0.25
     assert not any(k.endswith("_created") for k in m.values)
     assert m.roles == {"prefill"}
 
@@ -69,10 +70,10 @@ def test_quantile_uses_only_observations_between_scrapes() -> None:
     w = FakeWorker("prefill")
     for _ in range(100):
         w.ttft.observe(1.5)  # old, slow history
-    before = parse_metrics(w.text()).histograms["cleave_time_to_first_token_seconds"]
+    before = parse_metrics(w.text()).histograms[names.TTFT]
     for _ in range(10):
         w.ttft.observe(0.15)  # the recent window is fast
-    after = parse_metrics(w.text()).histograms["cleave_time_to_first_token_seconds"]
+    after = parse_metrics(w.text()).histograms[names.TTFT]
     p90 = histogram_quantile(0.9, before, after)
     assert p90 is not None and 0.1 < p90 <= 0.2
     assert histogram_quantile(0.9, after, after) is None  # nothing happened in between
@@ -83,7 +84,7 @@ def test_quantile_uses_only_observations_between_scrapes() -> None:
 def test_quantile_past_last_bucket_reports_last_finite_bound() -> None:
     w = FakeWorker("decode")
     w.tpot.observe(30.0)
-    h = parse_metrics(w.text()).histograms["cleave_time_per_output_token_seconds"]
+    h = parse_metrics(w.text()).histograms[names.TPOT]
     assert histogram_quantile(0.9, None, h) == 2.0
 
 
@@ -251,7 +252,7 @@ async def test_scrape_real_http_server() -> None:
     try:
         async with aiohttp.ClientSession() as session:
             m = await scrape(session, f"{base}/metrics", 2.0)
-            assert m is not None and m.values["cleave_kv_cache_usage_ratio"] == 0.4
+            assert m is not None and m.values[names.KV_USAGE] == 0.4
             assert await scrape(session, f"{base}/broken", 2.0) is None
             assert await scrape(session, f"{base}/garbage", 2.0) is None
             loop = asyncio.get_running_loop()

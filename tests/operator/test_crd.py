@@ -48,7 +48,7 @@ def test_crd_document() -> None:
     assert version["served"] is True and version["storage"] is True
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Prefill", "Decode", "Endpoint", "Age"]
+    assert list(columns) == ["Ready", "Model", "Prefill", "Decode", "Endpoint", "Age"]
     assert columns["Prefill"]["jsonPath"] == ".status.prefill.readyReplicas"
     assert columns["Decode"]["jsonPath"] == ".status.decode.readyReplicas"
     assert columns["Endpoint"]["jsonPath"] == ".status.endpoint"
@@ -88,12 +88,17 @@ def test_schema_is_structural() -> None:
             assert "type" not in node, path
         if node.get("type") == "object":
             assert not ("properties" in node and "additionalProperties" in node), path
-            if "properties" not in node and "additionalProperties" not in node:
+            if "properties" not in node and "additionalProperties" not in node \
+                    and not node.get("x-kubernetes-preserve-unknown-fields"):
                 assert path == "metadata", f"{path} is an object that prunes everything"
         if node.get("type") == "array":
             assert "items" in node and "type" in node["items"], path
-        assert not node.get("x-kubernetes-preserve-unknown-fields"), (
-            f"{path}: no field needs x-kubernetes-preserve-unknown-fields")
+        # Only the pod-spec fields passed to pods as written keep unknown fields: the
+        # apiserver checks them as core/v1 types when the Deployment is written
+        # (test_builders validates the built Deployments against the core/v1 schema).
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            assert path.rsplit(".", 1)[-1] in ("affinity", "topologySpreadConstraints[]"), (
+                f"{path}: no other field needs x-kubernetes-preserve-unknown-fields")
         for keyword in ("exclusiveMinimum", "exclusiveMaximum"):
             if keyword in node:
                 assert isinstance(node[keyword], bool), f"{path}: {keyword} is a bool in v1 CRDs"
@@ -115,7 +120,7 @@ def test_defaults_validate_against_their_schema() -> None:
 def test_every_rule_compiles_and_has_a_message() -> None:
     rules = [(p, r) for p, n in walk_schema(openapi_schema())
              for r in n.get("x-kubernetes-validations", [])]
-    assert len(rules) == 7
+    assert len(rules) == 12
     for path, rule in rules:
         assert rule.get("message"), path
         # a rule that does not compile raises here; evaluation errors just count as failures
@@ -176,12 +181,16 @@ def test_cpu_example_is_cpu_only() -> None:
 
 def test_defaults_are_applied() -> None:
     spec = apply_defaults(with_spec(prefill={}))["spec"]
-    assert spec["image"] == "ghcr.io/cleave-dev/cleave-runtime:0.1.0"
+    # No default image: the operator's (the chart's runtime.image) applies, so a chart upgrade
+    # rolls services that never set one.
+    assert "image" not in spec
     assert spec["model"]["dtype"] == "auto"
     assert spec["prefill"]["replicas"] == 1
     assert spec["decode"]["replicas"] == 1
     assert spec["router"] == {"replicas": 1, "port": 8000, "serviceType": "ClusterIP",
-                              "disaggregateMinTokens": 64, "kvLoadFailurePolicy": "recompute"}
+                              "disaggregateMinTokens": 64, "kvLoadFailurePolicy": "recompute",
+                              "allowUnauthenticated": False,
+                              "startupTimeoutSeconds": 600}
     assert spec["kvStore"]["ttlSeconds"] == 3600
     assert spec["autoscaling"] == {"mode": "Cleave", "scaleToZero": False,
                                    "intervalSeconds": 15, "windowSeconds": 60,
@@ -248,3 +257,28 @@ def test_the_prefill_decode_ratio_guard_is_checked_by_the_api_server() -> None:
     for bad in ({"min": 2, "max": 1}, {"min": 0, "max": 1}, {"min": 1}):
         obj["spec"]["autoscaling"]["prefillDecodeRatio"] = bad
         assert validate(obj) != [], bad
+
+
+@pytest.mark.parametrize(("name", "ok"), [
+    ("chat", True), ("a" * 40, True), ("llama-8b", True), ("Chat", False), ("1chat", False),
+    ("chat-", False), ("chat.bot", False), ("a" * 41, False)])
+def test_names_that_cannot_name_the_children_are_rejected_by_the_api_server(
+        name: str, ok: bool) -> None:
+    """A name that makes an invalid Service name used to be accepted, and kopf then retried
+    creating the children forever with no status."""
+    obj = with_spec()
+    obj["metadata"]["name"] = name
+    errors = validate(obj)
+    assert (errors == []) == ok, errors
+    if not ok:
+        assert any("metadata.name" in e for e in errors)
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("redis://r.infra:6379/0", True), ("rediss://user@r.infra:6380/0", True),
+    ("unix:///run/redis.sock", True), ("redis://:hunter2@r.infra:6379/0", False),
+    ("redis://user:hunter2@r.infra:6379/0", False), ("redis://r.infra:6379/0?password=x", False)])
+def test_a_redis_url_with_a_password_is_rejected(url: str, ok: bool) -> None:
+    """The URL goes on every pod's command line, where any user of the node can read it."""
+    obj = with_spec(kvStore={"external": {"url": url}})
+    assert (validate(obj) == []) == ok, validate(obj)

@@ -46,6 +46,9 @@ def test_builtin_kinds_crud(emu: KubeEmulator) -> None:
     assert dep.metadata.creation_timestamp is not None
     core.create_namespaced_config_map(NS, {"metadata": {"name": "cfg", "labels": LABELS}})
     core.create_namespaced_secret(NS, {"metadata": {"name": "s"}, "stringData": {"k": "v"}})
+    # As the API server does: stringData is folded into data (base64) and not kept.
+    stored = core.read_namespaced_secret("s", NS)
+    assert stored.data == {"k": "dg=="} and not stored.string_data
     core.create_namespaced_service(NS, {"metadata": {"name": "svc"}, "spec": {"ports": [
         {"port": 80}]}})
     apps.create_namespaced_stateful_set(NS, {**DEPLOY, "metadata": {"name": "db"}})

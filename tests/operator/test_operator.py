@@ -24,7 +24,11 @@ CHILDREN = {("deployments", "chat-decode"), ("deployments", "chat-prefill"),
             ("deployments", "chat-router"), ("services", "chat-router"),
             ("services", "chat-decode"), ("services", "chat-prefill"),
             ("configmaps", "chat-config"), ("statefulsets", "chat-redis"),
-            ("services", "chat-redis"), ("secrets", "chat-redis-auth")}
+            ("services", "chat-redis"), ("secrets", "chat-redis-users"),
+            ("secrets", "chat-kv-salt"), ("poddisruptionbudgets", "chat-prefill"),
+            ("poddisruptionbudgets", "chat-decode"), ("poddisruptionbudgets", "chat-router"),
+            ("secrets", "chat-internal-token"), ("networkpolicies", "chat-workers"),
+            ("networkpolicies", "chat-redis")}
 
 
 def service(name: str = "chat") -> dict[str, Any]:
@@ -45,7 +49,8 @@ def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeEmulator]:
 
 def present(emu: KubeEmulator, name: str = "chat") -> set[tuple[str, str]]:
     found = set()
-    for kind in ("deployments", "services", "configmaps", "statefulsets", "secrets"):
+    for kind in ("deployments", "services", "configmaps", "statefulsets", "secrets",
+                 "poddisruptionbudgets", "networkpolicies"):
         for obj in emu.objects(kind, NS):
             if obj["metadata"]["name"].startswith(name + "-"):
                 found.add((kind, obj["metadata"]["name"]))
@@ -148,13 +153,13 @@ def test_an_idle_reconcile_makes_no_api_writes(emu: KubeEmulator) -> None:
     assert second.actions == [] and kube.writes == writes  # zero writes when nothing changed
     assert second.status == cr(emu)["status"]  # and no status patch would be needed
     # A child edited by hand is put back; the password Secret is never regenerated.
-    password = emu.get("secrets", NS, "chat-redis-auth")
+    password = emu.get("secrets", NS, "chat-redis-users")
     client.AppsV1Api(emu.api_client()).patch_namespaced_deployment(
         "chat-router", NS, {"spec": {"replicas": 7}},
         _content_type="application/merge-patch+json")
     third = reconcile(kube, cr(emu))
     assert third.actions == [("patched", "Deployment/chat-router")]
-    assert emu.get("secrets", NS, "chat-redis-auth") == password
+    assert emu.get("secrets", NS, "chat-redis-users") == password
 
 
 def test_external_autoscaling_leaves_replicas_alone(emu: KubeEmulator) -> None:
@@ -170,7 +175,14 @@ def test_external_autoscaling_leaves_replicas_alone(emu: KubeEmulator) -> None:
     assert emu.get("deployments", NS, "chat-decode")["spec"]["replicas"] == 6
 
 
-def test_time_from_creation_to_all_children(emu: KubeEmulator) -> None:
+def test_creation_event_builds_all_children(emu: KubeEmulator,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of 20 services created back to back gets all its children from its creation
+    event, with the periodic recheck set far out (a dropped or failed create handler would
+    leave them to that timer and fail here). The time is printed, not bounded: speed belongs
+    to benchmarks."""
+    recheck = 60.0
+    monkeypatch.setenv("CLEAVE_RECHECK_SECONDS", str(recheck))  # read when run_operator loads
     objects = client.CustomObjectsApi(emu.api_client())
     times = []
     with run_operator(emu, module="cleave.operator.handlers"):
@@ -179,11 +191,12 @@ def test_time_from_creation_to_all_children(emu: KubeEmulator) -> None:
             expected = {(k, n.replace("chat", name)) for k, n in CHILDREN}
             start = time.perf_counter()
             objects.create_namespaced_custom_object(*CR, service(name))
-            eventually(lambda name=name, expected=expected: present(emu, name) == expected)
+            eventually(lambda name=name, expected=expected: present(emu, name) == expected,
+                       timeout=recheck)
             times.append(time.perf_counter() - start)
     median = statistics.median(times)
     print(f"\ncreation to all children: median {median * 1e3:.0f} ms over 20 (emulator)")
-    assert median < 5.0
+    assert max(times) < recheck / 2, times
 
 
 def test_kubectl_apply_of_every_example_reaches_the_operator(emu: KubeEmulator,
@@ -208,3 +221,121 @@ def test_kubectl_apply_of_every_example_reaches_the_operator(emu: KubeEmulator,
             name = svc["metadata"]["name"]
             eventually(lambda name=name: emu.get("deployments", NS, f"{name}-router"))
             eventually(lambda name=name: cr(emu, name).get("status", {}).get("endpoint"))
+
+
+def test_children_no_longer_desired_are_pruned(emu: KubeEmulator) -> None:
+    """Removing a role, or switching from managed to external Redis, used to leave the old
+    children running."""
+    objects = client.CustomObjectsApi(emu.api_client())
+    objects.create_namespaced_custom_object(*CR, service())
+    kube = Kube(emu.api_client())
+    reconcile(kube, cr(emu))
+    assert present(emu) == CHILDREN
+    unrelated = {"apiVersion": "v1", "kind": "ConfigMap",  # same labels, another owner
+                 "metadata": {"name": "chat-mine", "namespace": NS,
+                              "labels": {"app.kubernetes.io/instance": "chat"}}}
+    client.CoreV1Api(emu.api_client()).create_namespaced_config_map(NS, unrelated)
+    objects.patch_namespaced_custom_object(
+        *CR, "chat", {"spec": {"prefill": None, "kvStore": {
+            "managed": None, "external": {"url": "redis://cache.infra:6379/0"}}}})
+    outcome = reconcile(kube, cr(emu))
+    gone = {("deployments", "chat-prefill"), ("services", "chat-prefill"),
+            ("statefulsets", "chat-redis"), ("services", "chat-redis"),
+            ("poddisruptionbudgets", "chat-prefill"), ("networkpolicies", "chat-redis")}
+    kinds = {"deployments": "Deployment", "services": "Service", "statefulsets": "StatefulSet",
+             "secrets": "Secret", "poddisruptionbudgets": "PodDisruptionBudget",
+             "networkpolicies": "NetworkPolicy"}
+    assert {a for a in outcome.actions if a[0] == "deleted"} == {
+        ("deleted", f"{kinds[k]}/{n}") for k, n in gone}
+    # The Redis password Secret stays until the LLMService goes: the operator may not list
+    # Secrets (least privilege), so it never prunes one.
+    assert present(emu) == (CHILDREN - gone) | {("configmaps", "chat-mine")}
+    assert ("secrets", "chat-redis-users") in present(emu)
+    assert reconcile(kube, cr(emu)).actions == []  # settled
+
+
+def test_an_hpa_on_the_router_takes_its_replicas_over(emu: KubeEmulator) -> None:
+    """How a user hands the router's (or a fixed role's) replicas to an HPA or KEDA: create
+    one whose scaleTargetRef names the Deployment; the operator stops writing them."""
+    client.CustomObjectsApi(emu.api_client()).create_namespaced_custom_object(*CR, service())
+    kube = Kube(emu.api_client())
+    reconcile(kube, cr(emu))
+    client.AutoscalingV2Api(emu.api_client()).create_namespaced_horizontal_pod_autoscaler(
+        NS, {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+             "metadata": {"name": "router-hpa", "namespace": NS},
+             "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                         "name": "chat-router"},
+                      "minReplicas": 1, "maxReplicas": 5}})
+    client.AppsV1Api(emu.api_client()).patch_namespaced_deployment_scale(
+        "chat-router", NS, {"spec": {"replicas": 4}})  # the HPA scales it
+    assert reconcile(kube, cr(emu)).actions == []
+    assert emu.get("deployments", NS, "chat-router")["spec"]["replicas"] == 4
+    client.AppsV1Api(emu.api_client()).patch_namespaced_deployment_scale(
+        "chat-decode", NS, {"spec": {"replicas": 4}})  # no HPA: the spec's count comes back
+    assert reconcile(kube, cr(emu)).actions == [("patched", "Deployment/chat-decode")]
+
+
+def test_the_charts_runtime_image_reaches_services_that_set_none(
+        emu: KubeEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.image (the operator's CLEAVE_RUNTIME_IMAGE) had no effect: the CRD defaulted
+    spec.image, so the operator's fallback never ran and a chart upgrade rolled nothing."""
+    def images() -> set[str]:
+        return {d["spec"]["template"]["spec"]["containers"][0]["image"]
+                for d in emu.objects("deployments", NS)}
+
+    objects = client.CustomObjectsApi(emu.api_client())
+    objects.create_namespaced_custom_object(*CR, service())  # the example sets no image
+    kube = Kube(emu.api_client())
+    monkeypatch.setenv("CLEAVE_RUNTIME_IMAGE", "registry.example.com/cleave-runtime:1")
+    reconcile(kube, cr(emu))
+    assert images() == {"registry.example.com/cleave-runtime:1"}
+    monkeypatch.setenv("CLEAVE_RUNTIME_IMAGE", "registry.example.com/cleave-runtime:2")
+    outcome = reconcile(kube, cr(emu))  # the chart upgraded: every workload rolls
+    assert {a for a in outcome.actions if a[1].startswith("Deployment/")} == {
+        ("patched", f"Deployment/chat-{r}") for r in ("prefill", "decode", "router")}
+    assert images() == {"registry.example.com/cleave-runtime:2"}
+    objects.patch_namespaced_custom_object(*CR, "chat", {"spec": {"image": "mine:3"}})
+    reconcile(kube, cr(emu))
+    assert images() == {"mine:3"}  # a service's own image wins
+
+
+def test_a_pod_field_the_spec_changes_or_drops_leaves_the_pods(emu: KubeEmulator) -> None:
+    """A merge patch merges maps and keeps keys it does not mention: a changed nodeSelector
+    used to keep its old label too (pods unschedulable), a dropped affinity stayed."""
+    objects = client.CustomObjectsApi(emu.api_client())
+    obj = service()
+    obj["spec"]["decode"] = {"replicas": 1, "nodeSelector": {"gpu": "h200"},
+                             "priorityClassName": "inference", "affinity": {"nodeAffinity": {
+                                 "preferredDuringSchedulingIgnoredDuringExecution": []}}}
+    objects.create_namespaced_custom_object(*CR, obj)
+    kube = Kube(emu.api_client())
+    reconcile(kube, cr(emu))
+
+    def pod_spec() -> dict[str, Any]:
+        return dict(emu.get("deployments", NS, "chat-decode")["spec"]["template"]["spec"])
+
+    assert pod_spec()["nodeSelector"] == {"gpu": "h200"}
+    assert "affinity" not in emu.get("deployments", NS, "chat-router")["spec"]["template"][
+        "spec"]  # created without the nulls
+    objects.patch_namespaced_custom_object(*CR, "chat", {"spec": {"decode": {
+        "nodeSelector": {"gpu": None, "pool": "cpu"}, "priorityClassName": None,
+        "affinity": None}}})
+    assert reconcile(kube, cr(emu)).actions == [("patched", "Deployment/chat-decode")]
+    assert pod_spec()["nodeSelector"] == {"pool": "cpu"}
+    assert pod_spec().get("priorityClassName") is None and pod_spec().get("affinity") is None
+    assert reconcile(kube, cr(emu)).actions == []  # settled
+
+
+def test_a_secret_the_spec_names_is_never_pruned(emu: KubeEmulator) -> None:
+    """Pinning the generated salt by naming <name>-kv-salt in saltSecret must not delete it
+    (every worker would then fail to start)."""
+    objects = client.CustomObjectsApi(emu.api_client())
+    objects.create_namespaced_custom_object(*CR, service())
+    kube = Kube(emu.api_client())
+    reconcile(kube, cr(emu))
+    salt = emu.get("secrets", NS, "chat-kv-salt")
+    objects.patch_namespaced_custom_object(*CR, "chat", {"spec": {"kvStore": {
+        "saltSecret": {"name": "chat-kv-salt", "key": "salt"}}}})
+    outcome = reconcile(kube, cr(emu))
+    assert not [a for a in outcome.actions if a[0] == "deleted"]
+    assert emu.get("secrets", NS, "chat-kv-salt") == salt

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from cleave.operator.autoscaler.baselines import Observation, StaticAutoscaler
-from cleave.operator.autoscaler.costmodel import MODELS, build_cost_model, load_gpu
-from cleave.operator.autoscaler.policy import DECODE, PREFILL
-from cleave.operator.autoscaler.scenarios import run_policy
-from cleave.operator.autoscaler.simulator import SimConfig, simulate
-from cleave.operator.autoscaler.traces import (
+from cleave.autoscaling.baselines import Observation, StaticAutoscaler
+from cleave.autoscaling.costmodel import MODELS, build_cost_model, load_gpu
+from cleave.autoscaling.policy import DECODE, PREFILL
+from cleave.autoscaling.scenarios import run_policy
+from cleave.autoscaling.simulator import SimConfig, simulate
+from cleave.autoscaling.traces import (
     Request,
     Trace,
     bursty,
@@ -157,8 +157,14 @@ def test_static_with_enough_replicas_meets_the_slos() -> None:
 
 
 def test_underprovisioned_static_fails_the_ttft_slo() -> None:
-    res = run_policy("static", poisson(600, 8.0, seed=1), CFG, 8, static=(1, 1))
+    trace = poisson(600, 8.0, seed=1)
+    res = run_policy("static", trace, replace(CFG, convertible=False), 8, static=(1, 1))
     assert res.ttft_attainment() < 0.5  # 8 req/s of ~1.3k tokens need two prefill replicas
+    # The router's backlog rule sends late prompts whole to the decode worker, which prefills
+    # them in chunks inside its decode steps: the same two replicas serve far more in time.
+    conv = run_policy("static", trace, CFG, 8, static=(1, 1))
+    assert conv.ttft_attainment() > res.ttft_attainment() + 0.2
+    assert conv.paths["prefill_backlog"] > 0
     assert res.tpot_attainment() > 0.99  # one decode replica is plenty
 
 
@@ -192,7 +198,8 @@ def test_cold_start_delays_capacity() -> None:
     results = {}
     for cold in (0.0, 180.0):
         ask = _AskOnce(3)
-        results[cold] = simulate(trace, replace(CFG, cold_start_s=cold, initial=(1, 1)), ask)
+        cfg = replace(CFG, cold_start_s=cold, initial=(1, 1), convertible=False)
+        results[cold] = simulate(trace, cfg, ask)
         starting = [s for s in results[cold].samples if s.starting[0] > 0]
         if cold:
             # asked at the first tick (15 s), serving from 195 s
@@ -208,7 +215,7 @@ def test_cold_start_delays_capacity() -> None:
 def test_the_autoscaler_sees_only_scraped_windows() -> None:
     trace = Trace("late burst", 600, tuple(Request(300 + i / 20, 1000, 50) for i in range(2000)))
     ask = _AskOnce(1)
-    simulate(trace, replace(CFG, initial=(1, 1)), ask)
+    simulate(trace, replace(CFG, initial=(1, 1), convertible=False), ask)
     before = [o.signals[PREFILL] for t, o in ask.seen if t < 300]
     assert before and all(s.token_rate in (None, 0.0) and not s.queue_depth for s in before)
     after = [o.signals[PREFILL] for t, o in ask.seen if 300 < t <= 400]
@@ -236,9 +243,10 @@ def test_static_autoscaler_holds_its_counts() -> None:
 
 
 def test_requests_held_by_the_router_go_to_a_replica_ready_at_once() -> None:
-    # No prefill replica at first: the router holds the arrivals until the first tick adds
-    # one, which (no cold start) is ready at once and must receive them.
-    cfg = replace(CFG, cold_start_s=0.0, initial=(0, 1))
+    # No worker at first: the router holds the arrivals until the first tick adds some,
+    # which (no cold start) are ready at once and must receive them. (With only a decode
+    # worker up, it would serve them whole: see the test of the router's paths.)
+    cfg = replace(CFG, cold_start_s=0.0, initial=(0, 0))
     res = simulate(poisson(120, 2.0, seed=0), cfg, StaticAutoscaler({PREFILL: 1, DECODE: 1}))
     early = [r for r in res.requests if r.arrival < cfg.interval_s]
     assert early and all(r.t_first >= cfg.interval_s for r in early)

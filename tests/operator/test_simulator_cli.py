@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cleave.operator.autoscaler.baselines import HpaConcurrency, LlmdSloFormula, Observation
-from cleave.operator.autoscaler.costmodel import build_cost_model
-from cleave.operator.autoscaler.policy import DECODE, PREFILL, RoleSignals
-from cleave.operator.autoscaler.scenarios import hpa_targets, run_policy, size_static
-from cleave.operator.autoscaler.simulator import SimConfig
-from cleave.operator.autoscaler.timeline import draw_timeline
-from cleave.operator.autoscaler.traces import poisson, step
+from cleave.autoscaling.baselines import HpaConcurrency, Observation
+from cleave.autoscaling.costmodel import build_cost_model
+from cleave.autoscaling.llmd import LlmdLaw, LlmdSloFormula, formula
+from cleave.autoscaling.policy import DECODE, PREFILL, RoleSignals
+from cleave.autoscaling.scenarios import hpa_targets, run_policy, size_static
+from cleave.autoscaling.simulator import SimConfig
+from cleave.autoscaling.timeline import draw_timeline
+from cleave.autoscaling.traces import poisson, step
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CFG = SimConfig(build_cost_model("H200", "70b"), cold_start_s=60.0)
@@ -30,7 +31,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def cleave(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cleave.runtime.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "cleave.common.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -111,7 +112,30 @@ def test_llmd_formula_scales_every_role_on_the_worst_slo_ratio() -> None:
     assert llmd.decide(0.0, obs(0.9, 0.024))[DECODE][0] == 2  # signal 0.48
     assert llmd.decide(100.0, obs(0.2, 0.01))[PREFILL][0] == 2  # 0.1, but the window holds
     assert llmd.decide(200.0, obs(0.2, 0.01))[PREFILL][0] == 1
-    assert llmd.decide(215.0, obs(None, None, ready=1))[PREFILL][0] == 1  # no signal: hold
+    assert llmd.decide(215.0, obs(None, None, ready=1))[PREFILL][0] == 1  # no traffic reads 0
+
+
+def test_llmd_law_clamps_credits_in_flight_replicas_and_limits_the_burst() -> None:
+    lo, hi = {DECODE: 3}, {DECODE: 8}
+    llmd = LlmdSloFormula(3.0, 0.1, lo, hi)
+    # A 10x spike is clamped at 2.0: 2 + ceil(2 (2 / 0.55 - 1)) = 8, but the HPA adds at most
+    # max(100 %, 4 pods) per 60 s: 2 -> 6.
+    assert llmd.decide(0.0, obs(30.0, 0.05))[DECODE][0] == 6
+    # Four of six ready: the ask is credited by 4/6; the smoothed signal (2 + 0.6) / 2 = 1.3
+    # asks 6 + ceil(6 (1.3 * 4/6 / 0.55 - 1)) = 10, bounded to 8, but still inside the period.
+    starting = Observation({PREFILL: RoleSignals(latency_p90=1.8, ready=4, starting=2),
+                            DECODE: RoleSignals(latency_p90=0.05, ready=4, starting=2)},
+                           {PREFILL: 0.0, DECODE: 0.0})
+    assert llmd.decide(15.0, starting)[DECODE][0] == 6
+    # A new period: the rest of the burst (the t=0 sample has left the 45 s average).
+    spike = Observation({PREFILL: RoleSignals(latency_p90=30.0, ready=4, starting=2),
+                         DECODE: RoleSignals(latency_p90=0.05, ready=4, starting=2)},
+                        {PREFILL: 0.0, DECODE: 0.0})
+    assert llmd.decide(61.0, spike)[DECODE][0] == 8
+    # The credit: at signal 0.6 with 4 of 6 ready the formula (as llm-d's plot_run.py evaluates
+    # it) asks 6 + ceil(6 (0.6 * 4/6 / 0.55 - 1)) = 5; the HPA's down window decides whether it
+    # may (tests/operator/test_autoscaler_llmd.py).
+    assert formula(0.6, 6, 4, LlmdLaw()) == 5
 
 
 def test_hpa_scales_on_requests_in_flight_per_replica() -> None:

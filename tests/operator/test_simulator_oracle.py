@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from cleave.operator.autoscaler.baselines import Observation, ScheduledAutoscaler
-from cleave.operator.autoscaler.costmodel import build_cost_model
-from cleave.operator.autoscaler.policy import DECODE, PREFILL
-from cleave.operator.autoscaler.scenarios import (
+from cleave.autoscaling.baselines import Observation, ScheduledAutoscaler
+from cleave.autoscaling.costmodel import build_cost_model
+from cleave.autoscaling.policy import DECODE, PREFILL
+from cleave.autoscaling.scenarios import (
     capacity_estimate,
     oracle_schedule,
     run_oracle,
     run_policy,
 )
-from cleave.operator.autoscaler.simulator import SimConfig
-from cleave.operator.autoscaler.traces import step
+from cleave.autoscaling.simulator import SimConfig
+from cleave.autoscaling.traces import step
 
 CFG = SimConfig(build_cost_model("H200", "70b"), cold_start_s=90.0)
 

@@ -10,4 +10,5 @@ from typing import Any
 
 
 def report(test: str, **figures: Any) -> None:
-    print(f"reliability {json.dumps({'test': test, **figures}, sort_keys=False)}", flush=True)
+    # On a line of its own: pytest -s writes the test file's name (or a progress dot) first.
+    print(f"\nreliability {json.dumps({'test': test, **figures}, sort_keys=False)}", flush=True)

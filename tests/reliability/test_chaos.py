@@ -4,8 +4,10 @@ One streaming load (``stream_load``) against ``cleave up`` with its Redis on a f
 while, at fixed offsets: redis-server is SIGKILLed and restarted on the same port, one decode
 worker is SIGKILLed, then one prefill worker (``cleave up`` restarts each on its port). No
 request may be lost: each completes (a stream whose decode worker died goes on on the other
-one); none hangs past its timeout; and new requests keep succeeding within seconds of each
-event.
+one); none hangs past its timeout; every stream's text is the reference answer for its request
+(``stream_load``: resumed streams included); new requests keep succeeding within seconds of each
+event; and each restarted worker is back in the router's rotation: its own token counter rises
+during the plain load that follows (its sibling alone would serve every request otherwise).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from redis_servers import start_server
 from stream_load import Event, LoadResult, run_load
 from up_stack import UpProcess, metric_total, running_up
 
+from cleave.common import metric_names as names
+
 CLIENTS = 64
 DURATION = 40.0
 TAIL = 8.0  # plain load after the last worker is back, however long its restart took
@@ -26,6 +30,9 @@ REQUEST_TIMEOUT = 30.0
 REDIS_DOWN_SECONDS = 5.0
 RECOVERY_SECONDS = 5.0  # a request started this long after an event must succeed
 STORE_BACK_TIMEOUT = 15.0
+# The router's warnings when a decode worker fails (serving/dispatch.py): mid-stream, before.
+RESUMED = "resuming it on another worker"
+RETRIED = "; trying another worker"
 
 
 def _stores_ok(up: UpProcess) -> bool:
@@ -49,6 +56,7 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
     port = redis[0].port
     took: dict[str, float] = {}
     hits_before: list[float] = []  # decode-0's store hits once Redis is back
+    served: dict[str, list[float]] = {}  # a restarted worker's tokens: when back, at the end
     try:
         with running_up(tiny_model_dir, tmp_path, redis_url=redis[0].url) as up:
             def redis_outage() -> None:
@@ -67,6 +75,7 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
                 began = time.monotonic()
                 up.wait_worker_back(name, up.kill_worker(name))
                 took[f"{name}_back_s"] = time.monotonic() - began
+                served[name] = [_tokens(up, name)]
 
             result = await run_load(up.base_url, str(tiny_model_dir), clients=CLIENTS,
                                     duration=DURATION, timeout=REQUEST_TIMEOUT, tail=TAIL,
@@ -75,12 +84,14 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
                 Event(16.0, "decode worker killed", lambda: kill("decode-1")),
                 Event(28.0, "prefill worker killed", lambda: kill("prefill-0"))])
             hits_after = _hits(up)
+            for name, counts in served.items():
+                counts.append(_tokens(up, name))
             # What docs/operations.md tells an on-call engineer to look at, during this run.
             signals = {
-                "store_errors": sum(metric_total(w.url, "cleave_kv_store_errors_total")
+                "store_errors": sum(metric_total(w.url, names.total(names.STORE_ERRORS))
                                     for w in up.workers()),
                 "prefill_failed": metric_total(f"http://127.0.0.1:{up.port}",
-                                               "cleave_routing_decisions_total",
+                                               names.total(names.ROUTING_DECISIONS),
                                                reason="prefill_failed")}
             prefill_url = up.worker("prefill-0").url
             alive = up.proc.poll() is None
@@ -106,7 +117,8 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
            recovery_s={k: round(v, 1) for k, v in took.items()},
            retryable_errors=sorted({o.detail[:90] for o in retryable})[:5],
            store_warning_lines=log.count("the store is unavailable"), metrics=signals,
-           resumed_streams=log.count("resuming it on another decode worker"),
+           resumed_streams=log.count(RESUMED),
+           restarted_worker_tokens=served,
            ttft_p99_s=round(result.ttft_quantile(0.99), 3))
 
     assert alive, f"cleave up died:\n{log[-3000:]}"
@@ -119,6 +131,10 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
     last_end = max(end for _, end, _ in windows)
     after = [o for o in result.outcomes if o.start > last_end + 1.0]
     assert len(after) >= CLIENTS and all(o.status == "ok" for o in after), "not recovered"
+    # Back in rotation: the router sent each restarted worker work of its own after it came back.
+    assert set(served) == {"decode-1", "prefill-0"}, served
+    for name, (back, end) in served.items():
+        assert end > back, f"{name} restarted but got no traffic: {served}"
     assert hits_after > hits_before[0], "KV blocks no longer served from the restarted Redis"
     # Every request's store call failed while Redis was down: the log says so, not thousands of
     # times (one line per worker and direction every 10 s; a slow reconnect or a restarted
@@ -129,12 +145,20 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
     # The prefill kill was noticed: requests in flight there were served decode-only, or (when
     # none happened to be) the router's poll took the worker out of rotation.
     assert signals["prefill_failed"] > 0 or f"{prefill_url} is out of rotation" in log, signals
-    resumed = log.count("resuming it on another decode worker")
-    assert "trying another decode worker" in log or resumed, "decode kill went unnoticed"
+    resumed = log.count(RESUMED)
+    assert RETRIED in log or resumed, "decode kill went unnoticed"
     # A stream cut by the decode kill goes on on the other decode worker: none ends in an error.
     assert not retryable, retryable[:3]
 
 
+def _tokens(up: UpProcess, name: str) -> float:
+    """The tokens a worker served: prompt tokens a prefill worker computed, or tokens a decode
+    worker generated (its counter restarts from zero with the process)."""
+    metric = names.total(names.PROMPT_TOKENS) if name.startswith("prefill") \
+        else names.total(names.GENERATION_TOKENS)
+    return metric_total(up.worker(name).url, metric)
+
+
 def _hits(up: UpProcess) -> float:
     """Blocks decode-0 (never killed, so its counter never restarts) found in Redis."""
-    return metric_total(up.worker("decode-0").url, "cleave_kv_store_hits_total")
+    return metric_total(up.worker("decode-0").url, names.total(names.STORE_HITS))

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 from figures import report
-from fuzzing import SCALE, fuzz_settings
-from hypothesis import given
+from fuzzing import SCALE, fuzz, random_cases
 from hypothesis import strategies as st
 from redis_servers import RedisServer
 
@@ -74,8 +73,7 @@ def corruptions(draw: st.DrawFn, value: bytes) -> bytes:
 def test_the_codec_raises_only_corrupt_block() -> None:
     tried = []
 
-    @fuzz_settings(3000)
-    @given(st.data())
+    @fuzz(3000, st.data())
     def one(data: st.DataObject) -> None:
         value, block_hash = data.draw(blocks())
         bad = data.draw(corruptions(value))
@@ -121,8 +119,7 @@ def test_corrupt_values_in_redis_are_misses(redis_server: RedisServer) -> None:
         finally:
             await store.close()
 
-    @fuzz_settings(300)
-    @given(st.integers(0, 7), st.data())
+    @fuzz(300, st.integers(0, 7), st.data())
     def one(position: int, data: st.DataObject) -> None:
         bad = data.draw(corruptions(originals[position]))
         if bad == originals[position]:
@@ -168,8 +165,7 @@ def test_a_corrupt_block_is_recomputed_not_served(tiny_engine_factory: Callable[
                 await c.store.close()
                 c.engine.shutdown()
 
-    @fuzz_settings(12)
-    @given(st.integers(0, 7), st.data())
+    @fuzz(12, st.integers(0, 7), st.data())
     def one(position: int, data: st.DataObject) -> None:
         def corrupt(value: bytes) -> bytes:
             bad = data.draw(corruptions(value))
@@ -179,4 +175,4 @@ def test_a_corrupt_block_is_recomputed_not_served(tiny_engine_factory: Callable[
 
     one()
     report("fuzz_connector", cases=len(tried))
-    assert len(tried) == 12 * SCALE
+    assert len(tried) == 12 * SCALE + random_cases(12)

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from figures import report
-from fuzzing import SCALE, fuzz_settings
-from hypothesis import given
+from fuzzing import SCALE, fuzz
 from hypothesis import strategies as st
 
 sys.path.append(str(Path(__file__).parents[1] / "operator"))
@@ -171,8 +170,7 @@ def test_the_minimal_object_is_admitted() -> None:
 def test_generated_invalid_specs_are_rejected() -> None:
     tried: dict[str, int] = {}
 
-    @fuzz_settings(1500)
-    @given(invalid_objects())
+    @fuzz(1500, invalid_objects())
     def one(case: tuple[str, Path_, dict[str, Any]]) -> None:
         kind, path, obj = case
         tried[kind] = tried.get(kind, 0) + 1

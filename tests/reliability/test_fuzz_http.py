@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 from figures import report
-from fuzzing import SCALE, fuzz_settings
-from hypothesis import given
+from fuzzing import SCALE, fuzz
 from hypothesis import strategies as st
 from up_stack import UpProcess, running_up
 
@@ -143,8 +142,7 @@ def test_generated_bodies_never_break_the_api(up: UpProcess) -> None:
     statuses: dict[int, int] = {}
     valid = json.dumps({"model": up.model, "prompt": "hello there", "max_tokens": 2}).encode()
 
-    @fuzz_settings(1000)
-    @given(cases())
+    @fuzz(1000, cases())
     def one(case: tuple[str, bytes]) -> None:
         path, body = case
         body = body.replace(json.dumps(MODEL).encode(), json.dumps(up.model).encode())

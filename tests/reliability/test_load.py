@@ -12,12 +12,17 @@ from figures import report
 from stream_load import Event, run_load
 from up_stack import metric_total, rss_bytes, running_up
 
+from cleave.common import metric_names as names
+
 CLIENTS = 64
 DURATION = 60.0
 REQUEST_TIMEOUT = 30.0
 WARMUP = 10.0  # RSS is compared from here on: allocator pools and caches fill up first
 MAX_RSS_GROWTH = 64 << 20  # per process over the 50 s after warm-up
-MAX_P99_TTFT = 10.0  # loose on purpose: a loaded CI box must not fail it; the figure is printed
+# Fairness, not speed (a loaded CI box sets the pace): 64 clients queue on two cores, so the
+# median TTFT is seconds and the p99 under twice it; a request left waiting while others are
+# served (a stuck queue, a lost wake-up) shows as a tail far beyond the median.
+MAX_P99_TTFT_OVER_P50 = 4.0
 MiB = 1 << 20
 
 
@@ -35,7 +40,7 @@ async def test_sixty_seconds_of_64_streaming_clients(tiny_model_dir: Path,
                                 events=[Event(WARMUP, "rss", lambda: sample("warm"))])
         sample("end")
         paths = {p: metric_total(f"http://127.0.0.1:{up.port}",
-                                 "cleave_routing_decisions_total", path=p)
+                                 names.total(names.ROUTING_DECISIONS), path=p)
                  for p in ("disaggregated", "decode_only")}
         assert "restarting" not in up.log_text(), "a process died under load"
 
@@ -54,5 +59,6 @@ async def test_sixty_seconds_of_64_streaming_clients(tiny_model_dir: Path,
     assert len(result.outcomes) >= 10 * CLIENTS, "far too few requests: clients were stuck"
     assert max(o.end for o in result.outcomes) >= DURATION, "clients stopped early"
     assert paths["disaggregated"] > 0 and paths["decode_only"] > 0, paths
-    assert result.ttft_quantile(0.99) < MAX_P99_TTFT
+    p50, p99 = result.ttft_quantile(0.5), result.ttft_quantile(0.99)
+    assert p99 < MAX_P99_TTFT_OVER_P50 * p50, (p50, p99)
     assert max(growth.values()) < MAX_RSS_GROWTH, {n: g / MiB for n, g in growth.items()}

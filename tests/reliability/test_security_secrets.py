@@ -3,12 +3,14 @@
 An API key given in ``CLEAVE_API_KEY`` is required on every ``/v1/`` request (an OpenAI-shaped
 401 without it or with a wrong one) and compared with ``hmac.compare_digest``; a Redis with
 ``requirepass`` works with the password in the URL, a wrong password is a clear error rather
-than a hang, and neither secret ever reaches a log or an HTTP answer.
+than a hang, and neither secret ever reaches a log (at DEBUG level, every process's), an HTTP
+answer (error answers included) or a command line of any process ``cleave up`` starts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 import urllib.error
@@ -23,14 +25,22 @@ from figures import report
 from redis_servers import RedisServer, closed_port, start_server
 from serving_stack import post_raw
 from transformers import AutoTokenizer
-from up_stack import UpProcess, children, get_ok, metric_total, running_up
+from up_stack import UpProcess, descendants, get_ok, metric_total, running_up
 
+from cleave.common import metric_names as names
 from cleave.runtime.serving import router as router_module
 from cleave.runtime.serving.router import Router, RouterConfig
 
 API_KEY = "ck-" + secrets.token_hex(16)  # fresh each run: finding it in a log means a leak
 REDIS_PASSWORD = "rp-" + secrets.token_hex(16)
+INTERNAL_TOKEN = "it-" + secrets.token_hex(16)  # the workers' /internal/* key, given to cleave up
 LONG_PROMPT = "the engineer builds many books before dinner " * 6  # disaggregated
+DEBUG_SITE = Path(__file__).parent / "debug_logging"  # its sitecustomize forces DEBUG logs
+STARTED: dict[str, float] = {}  # seconds each cleave up of this module took to come up
+# A wrong password may cost a failed AUTH per worker, not a retry loop: start-up stays within
+# this much of the right password's (a store retried until it answered would take the whole
+# 180 s start-up timeout).
+WRONG_PASSWORD_STARTUP_SLACK = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +54,12 @@ def redis_with_password() -> Iterator[RedisServer]:
 def guarded_up(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
                redis_with_password: RedisServer) -> Iterator[UpProcess]:
     url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_with_password.port}/0"
+    path = os.pathsep.join(p for p in (str(DEBUG_SITE), os.environ.get("PYTHONPATH")) if p)
+    began = time.monotonic()
     with running_up(tiny_model_dir, tmp_path_factory.mktemp("guarded"), prefill=1, decode=1,
-                    redis_url=url, env={"CLEAVE_API_KEY": API_KEY}) as up:
+                    redis_url=url, env={"CLEAVE_API_KEY": API_KEY, "PYTHONPATH": path,
+                                        "CLEAVE_INTERNAL_TOKEN": INTERNAL_TOKEN}) as up:
+        STARTED["right_password"] = time.monotonic() - began
         yield up
 
 
@@ -78,7 +92,10 @@ def test_the_right_key_is_served_through_a_redis_that_wants_a_password(
     for _ in range(2):
         chunks = list(client.completions.create(
             model=guarded_up.model, prompt=LONG_PROMPT, max_tokens=6, stream=True,
-            stream_options={"include_usage": True}))
+            stream_options={"include_usage": True},
+            # Sampled from a random model, an end-of-text token could come first (it did):
+            # the count is exact only without it.
+            extra_body={"ignore_eos": True}))
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
     for worker in guarded_up.workers():
         with urllib.request.urlopen(worker.url + "/ready", timeout=5) as r:
@@ -86,33 +103,59 @@ def test_the_right_key_is_served_through_a_redis_that_wants_a_password(
     # The prefill worker saved the prompt's blocks in Redis, and the decode worker read them.
     assert redis_with_password.client().dbsize() > 0
     decode = guarded_up.worker("decode-0")
-    assert metric_total(decode.url, "cleave_kv_store_hits_total") > 0
+    assert metric_total(decode.url, names.total(names.STORE_HITS)) > 0
+
+
+def _error_answers(up: UpProcess) -> list[str]:
+    """The router's answers to requests that fail, with the right key and a wrong one."""
+    right = {"Authorization": f"Bearer {API_KEY}"}
+    bad = [(BODY, {"Authorization": "Bearer wrong"}),
+           (b"{not json", right),
+           (json.dumps({"model": "x", "prompt": "hi", "max_tokens": -1}).encode(), right),
+           (json.dumps({"model": "x", "prompt": "hi " * 5000, "max_tokens": 2}).encode(), right),
+           (json.dumps({"model": "x", "prompt": "hi", "temperature": "hot"}).encode(), right)]
+    answers = []
+    for body, headers in bad:
+        status, answer = post_raw(up.base_url + "/completions", body, headers)
+        assert status >= 400, (status, answer)
+        answers.append(json.dumps(answer))
+    return answers
 
 
 def test_no_secret_reaches_a_log_or_an_answer(guarded_up: UpProcess,
                                               redis_with_password: RedisServer) -> None:
     openai.OpenAI(base_url=guarded_up.base_url, api_key=API_KEY, max_retries=0).completions \
         .create(model=guarded_up.model, prompt=LONG_PROMPT, max_tokens=2)
-    post_raw(guarded_up.base_url + "/completions", BODY, {"Authorization": "Bearer wrong"})
-    pages = [guarded_up.log_text(), redis_with_password.log_tail(10_000)]
+    pages = _error_answers(guarded_up)
+    log = guarded_up.log_text()
+    assert " DEBUG " in log or "DEBUG:" in log, "the processes did not log at DEBUG"
+    pages += [log, redis_with_password.log_tail(10_000)]
     for worker in guarded_up.workers():
         for path in ("/ready", "/internal/stats", "/metrics", "/health"):
-            with urllib.request.urlopen(worker.url + path, timeout=5) as r:
+            request = urllib.request.Request(
+                worker.url + path, headers={"Authorization": f"Bearer {INTERNAL_TOKEN}"})
+            with urllib.request.urlopen(request, timeout=5) as r:
                 pages.append(r.read().decode())
     router = f"http://127.0.0.1:{guarded_up.port}"
     for path in ("/ready", "/metrics", "/openapi.json"):
         with urllib.request.urlopen(router + path, timeout=5) as r:
             pages.append(r.read().decode())
-    # ps shows command lines to every user: the password travels in the environment.
-    pages += list(children(guarded_up.proc.pid).values())
-    for secret in (API_KEY, REDIS_PASSWORD):
-        assert not any(secret in page for page in pages)
-    report("security_secrets", pages_checked=len(pages),
-           log_lines=guarded_up.log_text().count("\n"))
+    # ps shows command lines to every user: the password travels in the environment. Every
+    # process under cleave up, at any depth (a worker's own helpers too).
+    commands = descendants(guarded_up.proc.pid)
+    assert len(commands) >= 3, commands  # the router and both workers at least
+    pages += list(commands.values())
+    for secret in (API_KEY, REDIS_PASSWORD, INTERNAL_TOKEN):
+        leaks = [page[max(0, page.find(secret) - 200):page.find(secret) + 50]
+                 for page in pages if secret in page]
+        assert not leaks, leaks[:2]
+    report("security_secrets", pages_checked=len(pages), processes=len(commands),
+           log_lines=log.count("\n"))
 
 
 def test_a_wrong_redis_password_is_a_clear_error_not_a_hang(
-        tiny_model_dir: Path, tmp_path: Path, redis_with_password: RedisServer) -> None:
+        tiny_model_dir: Path, tmp_path: Path, redis_with_password: RedisServer,
+        guarded_up: UpProcess) -> None:
     wrong = "wrong-" + secrets.token_hex(8)
     began = time.monotonic()
     with running_up(tiny_model_dir, tmp_path, prefill=1, decode=1,
@@ -130,7 +173,10 @@ def test_a_wrong_redis_password_is_a_clear_error_not_a_hang(
     startup = [line for line in log.splitlines() if "the KV store is unavailable" in line]
     assert len(startup) == 2 and all("Authentication" in line for line in startup), startup
     assert wrong not in log and REDIS_PASSWORD not in log
+    right = STARTED["right_password"]  # guarded_up's: the same stack, with the right one
+    assert came_up < right + WRONG_PASSWORD_STARTUP_SLACK, (came_up, right)
     report("security_wrong_redis_password", came_up_s=round(came_up, 1),
+           right_password_came_up_s=round(right, 1),
            ready_store=store[:100])
 
 

@@ -1,6 +1,6 @@
 """``cleave up`` as a real subprocess, with handles on the processes it starts.
 
-The reliability tests run the platform exactly as a user does (``python -m cleave.runtime.cli
+The reliability tests run the platform exactly as a user does (``python -m cleave.common.cli
 up``) and then reach into it: each worker is found by the port it logs
 (``... worker listening on http://127.0.0.1:PORT``) and by its pid among ``cleave up``'s
 children, so a test can SIGKILL one, wait for it to come back, and read its RSS.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from redis_servers import free_port
 
-CLI = [sys.executable, "-m", "cleave.runtime.cli"]
+CLI = [sys.executable, "-m", "cleave.common.cli"]
 STARTUP_TIMEOUT = 180.0  # a loaded 2-core CI box imports torch in five processes at once
 _LISTENING = re.compile(r"\[ *(\w+-\d+)\] .* worker listening on http://127\.0\.0\.1:(\d+)")
 
@@ -55,6 +55,17 @@ def children(pid: int) -> dict[int, str]:
             with contextlib.suppress(OSError):
                 cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
                 found[child] = cmd.decode(errors="replace")
+    return found
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process under ``pid``, at any depth, and its command line."""
+    found: dict[int, str] = {}
+    parents = [pid]
+    while parents:
+        layer = {c: cmd for p in parents for c, cmd in children(p).items()}
+        found |= layer
+        parents = list(layer)
     return found
 
 
@@ -121,7 +132,8 @@ class UpProcess:
 
     def pid_of(self, worker: Worker) -> int:
         for pid, cmd in children(self.proc.pid).items():
-            if " worker " in cmd and f"--port {worker.port} " in cmd + " ":
+            # cleave up writes worker command lines with WorkerSettings.to_args: --port=N
+            if " worker " in cmd and f" --port={worker.port} " in f" {cmd} ":
                 return pid
         raise LookupError(f"no live process for {worker.name} on port {worker.port}")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from redis_servers import free_port
 
-CLI = [sys.executable, "-m", "cleave.runtime.cli"]
+CLI = [sys.executable, "-m", "cleave.common.cli"]
 
 
 def descendants(pid: int) -> dict[int, str]:
@@ -116,5 +116,5 @@ class Up:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"cleave.runtime.cli" in cmd or b"redis-server" in cmd:  # ours, not a reused pid
+            if b"cleave.common.cli" in cmd or b"redis-server" in cmd:  # ours, not a reused pid
                 os.kill(pid, signal.SIGKILL)

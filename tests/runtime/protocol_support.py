@@ -23,7 +23,7 @@ def chat(**fields: Any) -> dict[str, Any]:
 # -- validation: bad bodies -----------------------------------------------------------------
 
 COMMON_BAD: list[tuple[dict[str, Any], str | None]] = [
-    ({"n": 2}, "n"), ({"n": 0}, "n"), ({"n": "1"}, "n"), ({"n": True}, "n"),
+    ({"n": 129}, "n"), ({"n": 0}, "n"), ({"n": "1"}, "n"), ({"n": True}, "n"),
     ({"temperature": -0.1}, "temperature"), ({"temperature": 2.01}, "temperature"),
     ({"temperature": "1"}, "temperature"), ({"temperature": True}, "temperature"),
     ({"temperature": math.nan}, "temperature"), ({"temperature": math.inf}, "temperature"),
@@ -37,10 +37,18 @@ COMMON_BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"stream_options": True}, "stream_options"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
     ({"ignore_eos": 0}, "ignore_eos"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"frequency_penalty": -1}, "frequency_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -2.01}, "frequency_penalty"),
     ({"frequency_penalty": False}, "frequency_penalty"),
-    ({"logit_bias": {"5": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"), ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"-1": 1}}, "logit_bias"), ({"logit_bias": [1]}, "logit_bias"),
+    ({"logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 101}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"), ({"min_p": -0.1}, "min_p"),
+    ({"min_tokens": -1}, "min_tokens"), ({"min_tokens": 1.5}, "min_tokens"),
+    ({"stop_token_ids": [-2]}, "stop_token_ids"), ({"stop_token_ids": 3}, "stop_token_ids"),
+    ({"stop_token_ids": [True]}, "stop_token_ids"),
     ({"model": ""}, "model"), ({"model": 3}, "model"), ({"model": None}, "model"),
 ]
 
@@ -56,7 +64,8 @@ COMPLETION_BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"max_tokens": 1.5}, "max_tokens"), ({"max_tokens": api.MAX_TOKENS_LIMIT + 1}, "max_tokens"),
     ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),
     ({"logprobs": True}, "logprobs"),
-    ({"echo": True}, "echo"), ({"best_of": 2}, "best_of"), ({"suffix": "end"}, "suffix"),
+    ({"echo": 1}, "echo"), ({"best_of": 0}, "best_of"), ({"suffix": "end"}, "suffix"),
+    ({"best_of": 129}, "best_of"),
 ]
 CHAT_BAD: list[tuple[dict[str, Any], str | None]] = [
     *COMMON_BAD,
@@ -81,6 +90,20 @@ CHAT_BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"logprobs": 1}, "logprobs"), ({"logprobs": "true"}, "logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"top_logprobs": -1}, "top_logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
+     "tools[0].function.strict"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+     "tools[0].function.parameters"),
+    ({"tools": {"type": "function"}}, "tools"), ({"tool_choice": "any"}, "tool_choice"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+     "messages[0].tool_calls"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": 5}]},
+     "messages[0].tool_call_id"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]},
+     "messages[0].tool_calls[0]"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
 ]

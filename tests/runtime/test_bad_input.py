@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cleave.runtime.engine.config import EngineConfig, parse_bytes
+from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
 from cleave.runtime.engine.sequence import RequestError, SamplingParams
 from cleave.runtime.models.loader import ModelLoadError
@@ -77,13 +77,14 @@ def test_directory_without_config(tmp_path: Path) -> None:
 
 
 def test_unsupported_architecture(tiny_model_dir: Path, tmp_path: Path) -> None:
-    model = tmp_path / "gpt2ish"
+    # gpt2 runs on the generic path now (tests/runtime/test_generic.py); t5 has no causal LM.
+    model = tmp_path / "t5ish"
     shutil.copytree(tiny_model_dir, model)
     config = json.loads((model / "config.json").read_text())
-    config["model_type"] = "gpt2"
-    config["architectures"] = ["GPT2LMHeadModel"]
+    config["model_type"] = "t5"
+    config["architectures"] = ["T5ForConditionalGeneration"]
     (model / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="unsupported architecture 'gpt2'"):
+    with pytest.raises(ModelLoadError, match="unsupported architecture 't5'"):
         LLMEngine(EngineConfig(model=str(model)), progress=lambda _: None)
 
 
@@ -95,18 +96,14 @@ def test_dtype_the_device_cannot_run(tiny_model_dir: Path) -> None:
         LLMEngine(EngineConfig(model=str(tiny_model_dir), dtype="int3"), progress=lambda _: None)
 
 
-def test_parse_bytes() -> None:
-    assert parse_bytes("2GiB") == 2 << 30
-    assert parse_bytes("512MiB") == 512 << 20
-    assert parse_bytes("1.5G") == 3 << 29
-    assert parse_bytes("1000") == 1000
-
-
-def test_sliding_window_models_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
-    model = tmp_path / "mistralish"
+def test_rope_scaling_that_varies_per_step_is_refused(tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    # Sliding windows are served now (tests/runtime/test_families.py); dynamic NTK rope, whose
+    # frequencies change with each forward's length, is not.
+    model = tmp_path / "dynamic-rope"
     shutil.copytree(tiny_model_dir, model)
     config = json.loads((model / "config.json").read_text())
-    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=32)
+    config["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     (model / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="sliding-window"):
+    with pytest.raises(ModelLoadError, match="rope scaling 'dynamic' is not supported"):
         LLMEngine(EngineConfig(model=str(model)), progress=lambda _: None)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from cleave.common import metric_names as names
 from cleave.kv_store.keys import KeySpace
 from cleave.kv_store.store import MemoryBlockStore, StoreUnavailable
 from cleave.runtime.engine.async_engine import AsyncEngine
@@ -135,11 +136,11 @@ async def test_two_engines_share_kv_through_a_real_redis(engines) -> None:  # ty
         want = single.engine.generate([b], GREEDY)[0].token_ids
         assert out.handoff.first_token == want[0]
         # Decode b in the prefill engine from the blocks the other engine saved.
-        fallbacks = _metric("cleave_kv_recompute_fallbacks_total")
+        fallbacks = _metric(names.total(names.KV_RECOMPUTE_FALLBACKS))
         got = await _decode_all(KVStoreConnector(prefill_engine, stores[0]), b,
                                 out.handoff.first_token)
         assert got == want
-        assert _metric("cleave_kv_recompute_fallbacks_total") == fallbacks
+        assert _metric(names.total(names.KV_RECOMPUTE_FALLBACKS)) == fallbacks
 
         # Redis dies: the next request still completes, by recomputing, and says so.
         server.kill()
@@ -147,7 +148,7 @@ async def test_two_engines_share_kv_through_a_real_redis(engines) -> None:  # ty
         want_c = single.engine.generate([c], GREEDY)[0].token_ids
         got_c = await _decode_all(KVStoreConnector(prefill_engine, stores[0]), c, want_c[0])
         assert got_c == want_c
-        assert _metric("cleave_kv_recompute_fallbacks_total") == fallbacks + 1
+        assert _metric(names.total(names.KV_RECOMPUTE_FALLBACKS)) == fallbacks + 1
     finally:
         for s in stores:
             await s.close()

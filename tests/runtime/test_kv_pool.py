@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from cleave.runtime.engine.kv_layout import KVLayout
 from cleave.runtime.engine.kv_pool import KVPool
-from cleave.runtime.engine.llama import LlamaShape
 
-SHAPE = LlamaShape(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
-                   num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
-                   rope_theta=10000.0, max_position_embeddings=128, tie_word_embeddings=True,
-                   attention_bias=False)
+SHAPE = KVLayout(num_layers=3, num_kv_heads=2, head_dim=8)
 HEADER_ROOM = 88
 
 

@@ -1,16 +1,12 @@
-"""`cleave bench`'s client, runner and command against a small real aiohttp server.
-
-The stub server runs on its own event loop in a thread, so that both the async client tests and
-the in-process ``cleave bench`` runs (which start their own loop) can talk to it. Each path
-prefix is one behaviour: ``/ok/v1/...`` streams with known delays, ``/e500/v1/...`` fails, etc.
-"""
+"""`cleave bench`'s client, runner and command against a small real aiohttp server
+(tests/runtime/loadgen_stub.py: each path prefix is one behaviour)."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +14,18 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
+from loadgen_stub import (
+    CHUNKS,
+    FIRST_DELAY,
+    GAP,
+    PROMPT_TOKENS,
+    SLOW_S,
+    Stub,
+    running_stub,
+    stub_tokens,
+)
 
-from cleave.runtime.cli import main
+from cleave.common.cli import main
 from cleave.runtime.loadgen import record as rec
 from cleave.runtime.loadgen.arrivals import ClosedLoop, OpenLoop, arrival_offsets
 from cleave.runtime.loadgen.client import ClientConfig, api_root, list_models, send
@@ -28,117 +33,11 @@ from cleave.runtime.loadgen.progress import Progress
 from cleave.runtime.loadgen.runner import Limits, run
 from cleave.runtime.loadgen.workload import LengthDist, RequestSpec, Workload
 
-FIRST_DELAY, GAP, CHUNKS = 0.3, 0.1, 4  # the /ok stream: first text after 0.3 s, then every 0.1 s
-
-
-class Stub:
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.url = ""
-
-
-async def _sse(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    return resp
-
-
-def _data(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def make_app(stub: Stub) -> web.Application:
-    async def ok(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        stub.bodies.append(body)
-        chat = request.path.endswith("/chat/completions")
-        resp = await _sse(request)
-        if chat:  # a role-only chunk at once, as vLLM sends: it is not the first token
-            await resp.write(_data({"choices": [{"delta": {"role": "assistant", "content": ""}}]}))
-        await asyncio.sleep(FIRST_DELAY)
-        for i in range(CHUNKS):
-            if i:
-                await asyncio.sleep(GAP)
-            choice = {"delta": {"content": f"t{i}"}} if chat else {"text": f"t{i}"}
-            await resp.write(_data({"choices": [choice]}))
-        await resp.write(_data({"choices": [{"text": "", "finish_reason": "length"}]}))
-        await resp.write(_data({"choices": [], "usage": {"prompt_tokens": 7,
-                                                         "completion_tokens": CHUNKS}}))
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    async def busy(request: web.Request) -> web.StreamResponse:
-        stub.in_flight += 1
-        stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
-        try:
-            await asyncio.sleep(0.05)
-            resp = await _sse(request)
-            await resp.write(_data({"choices": [{"text": "x"}]}))
-            await resp.write(_data({"choices": [], "usage": {"prompt_tokens": 3,
-                                                             "completion_tokens": 1}}))
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
-        finally:
-            stub.in_flight -= 1
-
-    async def e500(request: web.Request) -> web.Response:
-        return web.json_response({"error": {"message": "engine exploded"}}, status=500)
-
-    async def bad(request: web.Request) -> web.StreamResponse:
-        resp = await _sse(request)
-        await resp.write(b"data: {not json\n\n")
-        return resp
-
-    async def nodone(request: web.Request) -> web.StreamResponse:
-        resp = await _sse(request)
-        await resp.write(_data({"choices": [{"text": "a"}]}))
-        return resp  # ends cleanly, but without [DONE]
-
-    async def inband(request: web.Request) -> web.StreamResponse:
-        resp = await _sse(request)
-        await resp.write(_data({"choices": [{"text": "a"}]}))
-        await resp.write(_data({"error": {"message": "decode worker failed mid-response"}}))
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    async def plain_json(request: web.Request) -> web.Response:
-        return web.json_response({"choices": [{"text": "whole"}]})
-
-    async def hang(request: web.Request) -> web.Response:
-        await asyncio.sleep(3600)
-        raise AssertionError("unreachable")
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "stub-model"}, {"id": "b"}]})
-
-    app = web.Application()
-    for prefix, handler in (("ok", ok), ("busy", busy), ("e500", e500), ("bad", bad),
-                            ("nodone", nodone), ("inband", inband), ("json", plain_json),
-                            ("hang", hang)):
-        app.router.add_post(f"/{prefix}/v1/completions", handler)
-        app.router.add_post(f"/{prefix}/v1/chat/completions", handler)
-        app.router.add_get(f"/{prefix}/v1/models", models)
-    return app
-
 
 @pytest.fixture(scope="module")
 def stub() -> Iterator[Stub]:
-    s = Stub()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(make_app(s), shutdown_timeout=0.5)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = runner.addresses[0][1]
-    s.url = f"http://127.0.0.1:{port}"
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield s
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
+    with running_stub() as s:
+        yield s
 
 
 def _cfg(stub: Stub, prefix: str, chat: bool = False, timeout: float = 20.0) -> ClientConfig:
@@ -158,7 +57,7 @@ async def test_stream_timing_and_usage(stub: Stub, chat: bool) -> None:
     assert r.ttft is not None and FIRST_DELAY - 0.01 <= r.ttft < FIRST_DELAY + 0.5
     assert len(r.chunk_times) == CHUNKS and len(r.itls) == CHUNKS - 1
     assert all(GAP - 0.01 <= x < GAP + 0.3 for x in r.itls)
-    assert (r.prompt_tokens, r.output_tokens, r.usage_reported) == (7, CHUNKS, True)
+    assert (r.prompt_tokens, r.output_tokens, r.usage_reported) == (PROMPT_TOKENS, CHUNKS, True)
     assert r.tpot == pytest.approx((r.e2e - r.ttft) / (CHUNKS - 1))
     assert r.e2e >= r.chunk_times[-1]
     body = stub.bodies[-1]
@@ -258,21 +157,105 @@ def _bench(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
     return code, json.loads(path.read_text()) if path.exists() else {}
 
 
+def _last_json_line(out: str) -> dict[str, Any]:
+    line: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return line
+
+
 def test_command_exit_status_and_report(stub: Stub, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     code, report = _bench(tmp_path / "ok", "--url", stub.url + "/ok", "--concurrency", "2",
-                          "--no-plots", "--ttft-slo", "5000")
+                          "--no-plots", "--ttft-slo", "5")
     assert code == 0
     assert report["config"]["model"] == "stub-model"  # the first of /v1/models
     assert report["requests"]["completed"] == 3 and report["tokens"]["output"] == 3 * CHUNKS
     assert report["goodput"]["good_requests"] == 3
+    # Synthetic prompts of the default 128 tokens, counted with the server's /tokenize.
+    assert [stub_tokens(b["prompt"]) for b in stub.bodies[-3:]] == [128, 128, 128]
+    # The KV-store figures from the worker the stub's /internal/workers lists: 6 blocks read
+    # during the run, 3 of them handoffs: 3 prefix blocks of 16 tokens over 3 x 64 prompt tokens.
+    assert report["server"]["kv_store_prefix_blocks"] == 3
+    assert report["server"]["routing"] == {"disaggregated": 3}  # the router's own /metrics
+    assert report["server"]["kv_store_hit_rate"] == pytest.approx(3 * 16 / (3 * PROMPT_TOKENS))
     out = capsys.readouterr().out
     assert "Latency (ms)" in out and f"report: {tmp_path / 'ok' / 'report.json'}" in out
+    assert "KV store      hit rate 25.0% of prompt tokens" in out
+    line = _last_json_line(out)  # the one JSON line, last: vllm bench serve's names
+    assert line["completed"] == 3 and line["failed"] == 0 and line["num_prompts"] == 3
+    assert line["request_goodput"] == report["request_goodput"] > 0
+    assert line["mean_ttft_ms"] == report["latency_ms"]["ttft"]["mean"] >= FIRST_DELAY * 1000
+    assert line["server"] == report["server"] and line["report"].endswith("report.json")
+    for key in ("request_throughput", "output_throughput", "total_token_throughput",
+                "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms",
+                "p99_e2el_ms", "duration", "total_input_tokens", "total_output_tokens"):
+        assert line[key] == report[key], key  # also at report.json's top level
     code, report = _bench(tmp_path / "fail", "--url", stub.url + "/e500", "--rate", "50")
     assert code == 1
     assert report["errors"]["http_500"]["count"] == 3
+    assert report["server"] is None  # this stub path lists no workers
     assert sorted(p.name for p in (tmp_path / "fail").glob("*.png")) == [
         "latency_cdf.png", "latency_over_time.png", "throughput_over_time.png"]
+
+
+def test_prompt_lengths_are_in_the_servers_tokens(stub: Stub, tmp_path: Path) -> None:
+    stub.bodies.clear()
+    code, report = _bench(tmp_path, "--url", stub.url + "/busy", "--num-requests", "12",
+                          "--prompt-len", "uniform:5-40", "--concurrency", "3", "--no-plots")
+    assert code == 0 and len(stub.bodies) == 12
+    lengths = [stub_tokens(b["prompt"]) for b in stub.bodies]
+    assert all(5 <= n <= 40 for n in lengths) and len(set(lengths)) > 3
+    # Only one-token words were used, so each prompt has as many tokens as words.
+    assert lengths == [len(b["prompt"].split()) for b in stub.bodies]
+    assert report["config"]["workload"] == ("synthetic prompts of uniform:5-40 tokens, "
+                                            "output fixed:64 tokens")
+
+
+def test_warm_up_is_left_out_of_every_figure(stub: Stub, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    stub.bodies.clear()
+    stub.slow_first = 2  # the first two requests the server sees take a second
+    code, report = _bench(tmp_path, "--url", stub.url + "/slowstart", "--num-warmups", "2",
+                          "--no-plots")
+    assert code == 0
+    assert len(stub.bodies) == 5  # 2 warm-up + 3 measured requests reached the server
+    assert report["warmup"] == {"sent": 2, "completed": 2, "failed": 0}
+    assert report["requests"]["sent"] == 3 and report["num_prompts"] == 3
+    assert [r["index"] for r in report["per_request"]] == [0, 1, 2]
+    assert report["latency_ms"]["e2e"]["max"] < 900  # the slow warm-ups are not in it
+    assert report["duration_s"] < 1.5  # and the clock started after them
+    err = capsys.readouterr().err
+    assert "warm-up: 2 requests, 2 ok, 0 failed" in err
+
+
+def test_rate_under_a_concurrency_cap(stub: Stub, tmp_path: Path) -> None:
+    stub.max_in_flight = 0
+    code, report = _bench(tmp_path, "--url", stub.url + "/slow", "--rate", "50",
+                          "--max-concurrency", "2", "--num-requests", "8", "--no-plots")
+    assert code == 0 and report["requests"]["completed"] == 8
+    # 50 req/s of 0.3 s requests would keep about 15 in flight; the cap holds it to 2.
+    assert stub.max_in_flight == 2 and report["max_concurrent_requests"] == 2
+    assert report["duration_s"] >= 4 * SLOW_S  # 8 requests, 2 at a time
+    assert (report["request_rate"], report["max_concurrency"]) == (50.0, 2)
+
+
+async def test_open_loop_cap_keeps_the_arrival_times(stub: Stub) -> None:
+    schedule = OpenLoop(rate=40.0, max_concurrency=3)
+    stub.max_in_flight = 0
+    async with aiohttp.ClientSession() as session:
+        res = await run(session, _cfg(stub, "slow"), WORKLOAD, schedule, Limits(9), seed=2,
+                        progress=_quiet())
+    planned = list(itertools.islice(arrival_offsets(schedule, 2), 9))
+    starts = {r.index: r.start for r in res.records}
+    assert sorted(starts) == list(range(9)) and stub.max_in_flight == 3
+    assert all(starts[i] >= planned[i] - 0.005 for i in range(9))  # never before its arrival
+    assert starts[8] >= 2 * SLOW_S  # the last three waited for two rounds to finish
+
+
+def test_a_server_without_tokenize_is_refused_clearly(
+        stub: Stub, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--url", stub.url + "/json", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "/tokenize answered 404" in err and "--prompts FILE" in err
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -280,6 +263,8 @@ def test_command_exit_status_and_report(stub: Stub, tmp_path: Path,
     (["--rate", "2", "--burstiness", "0.5"], "--burstiness needs --arrivals bursty"),
     (["--arrivals", "bursty"], "do not apply to --concurrency"),
     (["--ttft-slo", "0"], "--ttft-slo must be positive"),
+    (["--ttft-slo", "fast"], "--ttft-slo takes seconds"),
+    (["--shared-prefix", "2", "--prompt-len", "9"], "give the suffix with --suffix-len"),
     (["--prompts", "/nonexistent.jsonl"], "cannot read /nonexistent.jsonl"),
     (["--url", "localhost:8000"], "bad --url"),
 ])

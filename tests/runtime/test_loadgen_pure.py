@@ -111,7 +111,7 @@ def test_synthetic_workload() -> None:
     w = Workload(output_len=LengthDist(4, 9), prompt_len=LengthDist(10, 20), seed=5)
     reqs = [w.request(i) for i in range(400)]
     words = [len(r.prompt.split()) for r in reqs if r.prompt]
-    assert words == [r.prompt_words for r in reqs]
+    assert words == [r.prompt_len for r in reqs]  # one token per word (tokens.py)
     assert min(words) == 10 and max(words) == 20  # both ends of the range are reachable
     assert {r.max_tokens for r in reqs} == set(range(4, 10))
     assert all(set(r.prompt.split()) <= set(WORDS) for r in reqs if r.prompt)

@@ -28,7 +28,9 @@ from local_autoscale_support import CLI, Up, wait_for
 from redis_servers import free_port
 from transformers import AutoTokenizer
 
-from cleave.operator.autoscaler.policy import DECODE, PolicyConfig, RolePolicy
+from cleave.autoscaling.policy import DECODE, PolicyConfig, RolePolicy
+from cleave.common import metric_names as names
+from cleave.common.settings import WorkerSettings
 from cleave.runtime.serving.autoscale_settings import AutoscaleSettings
 from cleave.runtime.serving.local_autoscale import LocalAutoscaler
 from cleave.runtime.serving.local_processes import DRAINING, STARTING, Supervisor
@@ -139,7 +141,7 @@ def test_advisory_logs_the_decision_and_changes_nothing(tiny_model_dir: Path,
         assert told is not None
         with urllib.request.urlopen(told[1], timeout=5) as r:
             exposed = r.read().decode()
-        assert ('cleave_autoscaler_desired_replicas{advisory="true",llmservice="cleave-up",'
+        assert (f'{names.AUTOSCALER_DESIRED}{{advisory="true",llmservice="cleave-up",'
                 'namespace="local",role="both"} 0.0') in exposed
         block = json.loads(Path(told[2]).read_text())
         assert block["dryRun"] is True and block["decisions"][0]["desired"] == 0
@@ -175,11 +177,12 @@ def test_bad_autoscale_flags_are_refused_before_anything_starts(args: list[str],
 # ready. Real processes and real HTTP, so the loop runs exactly as under `cleave up`.
 STAND_IN = r"""
 import http.server, sys, time
+from cleave.common import metric_names as names
 if sys.argv[1] != "router":
     time.sleep(300)
 port = int(sys.argv[sys.argv.index("--port") + 1])
-BODY = (b"# TYPE cleave_num_requests_waiting gauge\n"
-        b'cleave_num_requests_waiting{role="router"} 2\n')
+BODY = (f"# TYPE {names.WAITING} gauge\n"
+        f'{names.WAITING}{{role="router"}} 2\n').encode()
 class Metrics(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -196,7 +199,7 @@ http.server.HTTPServer(("127.0.0.1", port), Metrics).serve_forever()
 @pytest.fixture()
 def stand_ins(tmp_path: Path) -> Iterator[tuple[Supervisor, list[str]]]:
     lines: list[str] = []
-    sup = Supervisor([sys.executable, "-c", STAND_IN], {}, [],
+    sup = Supervisor([sys.executable, "-c", STAND_IN], {}, WorkerSettings(),
                      workers_file=tmp_path / "workers.json", say=lines.append)
     port = free_port()
     sup.start_router(["router", "--port", str(port)], f"http://127.0.0.1:{port}")
@@ -228,8 +231,8 @@ async def test_demand_held_at_zero_is_told_once_and_acted_on_once(
     sup, lines = stand_ins
     status = tmp_path / "autoscaler-status.json"
     flag = "true" if advisory else "false"
-    decided_before = _sample("cleave_autoscaler_decisions_total", role="both", direction="up",
-                             advisory=flag)
+    decided_before = _sample(names.total(names.AUTOSCALER_DECISIONS), role="both",
+                             direction="up", advisory=flag)
     scaler = LocalAutoscaler(settings(advisory), sup, "http://127.0.0.1:9", None, 5,
                              status_path=status)
     async with aiohttp.ClientSession() as session:
@@ -253,8 +256,8 @@ async def test_demand_held_at_zero_is_told_once_and_acted_on_once(
     [decision] = block["decisions"]
     assert (decision["role"], decision["current"], decision["desired"]) == (DECODE, 0, 1)
     assert "demand while at zero" in decision["reason"]
-    assert _sample("cleave_autoscaler_desired_replicas", role="both", advisory=flag) == 1
-    assert _sample("cleave_autoscaler_decisions_total", role="both", direction="up",
+    assert _sample(names.AUTOSCALER_DESIRED, role="both", advisory=flag) == 1
+    assert _sample(names.total(names.AUTOSCALER_DECISIONS), role="both", direction="up",
                    advisory=flag) - decided_before == 1
 
 
@@ -324,7 +327,7 @@ async def test_a_drain_waits_for_the_request_the_router_has_open_there(
         config, AutoTokenizer.from_pretrained(str(tiny_model_dir)), 512, 512).app()))
     await router.start_server()
     router_url = str(router.make_url("")).rstrip("/")
-    scaler = LocalAutoscaler(settings(advisory=False), Supervisor(["true"], {}, []),
+    scaler = LocalAutoscaler(settings(advisory=False), Supervisor(["true"], {}, WorkerSettings()),
                              router_url, None, drain_timeout_s=60)
     try:
         async with aiohttp.ClientSession() as session:

@@ -77,7 +77,7 @@ def test_completion_every_field() -> None:
         prompt=[[1, 2, 3]], max_tokens=40, temperature=0, top_p=0.5, top_k=-1, seed=-7,
         stop="\n", stream=True, stream_options={"include_usage": True}, logprobs=3, n=1,
         presence_penalty=0, frequency_penalty=0.0, user="u", echo=False, best_of=1,
-        logit_bias={}, suffix=None, ignore_eos=True, something_new={"x": 1}), SERVED)
+        logit_bias={}, suffix=None, ignore_eos=True, min_p=0, guided_json=None), SERVED)
     assert req.prompt == (1, 2, 3)
     assert req.stream and req.include_usage
     assert req.sampling_params(16) == SamplingParams(
@@ -126,7 +126,7 @@ def test_chat_fields() -> None:
     assert req.template_messages() == [
         {"role": "developer", "content": "be brief"}, {"role": "system", "content": "a\nb"},
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""},
-        {"role": "tool", "content": "42"}]
+        {"role": "tool", "content": "42", "tool_call_id": "t1"}]
     assert req.sampling_params(100) == SamplingParams(max_tokens=9, temperature=0.7,
                                                       stop=("x", "y"), logprobs=2)
 

@@ -103,11 +103,13 @@ def test_chat_response() -> None:
 
 
 def test_models_list() -> None:
-    body = responses.models_list(["a", "b"], 1700)
+    body = responses.models_list(["a", "b"], 1700, 4096, "org/model")
     for item in body["data"]:
         openai.types.Model.model_validate(item)
     models = list(client_for([body]).models.list())
     assert [m.id for m in models] == ["a", "b"] and models[0].owned_by == "cleave"
+    # vLLM's extra fields, which clients read through the SDK's model_extra
+    assert models[0].model_extra == {"root": "org/model", "parent": None, "max_model_len": 4096}
 
 
 def test_completion_stream() -> None:
@@ -188,7 +190,8 @@ def test_openapi_document() -> None:
     doc = json.loads(json.dumps(doc, allow_nan=False))
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {"/v1/completions", "/v1/chat/completions", "/v1/models",
-                                 "/health", "/ready", "/metrics"}
+                                 "/health", "/ready", "/metrics",
+                                 "/tokenize", "/detokenize", "/version"}  # the last: vLLM's
     schema = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
         "application/json"]["schema"]
     assert schema["required"] == ["model", "prompt"]
@@ -220,6 +223,9 @@ GOOD_COMPLETIONS: list[dict[str, Any]] = [
     {}, {"prompt": [[1]]}, {"prompt": ["a"]}, {"prompt": [0, 5]}, {"echo": False},
     {"logprobs": 20}, {"stop": ["a"] * 4}, {"temperature": 2, "top_p": 1, "top_k": -1},
     {"best_of": 1, "suffix": "", "logit_bias": {}, "presence_penalty": 0.0},
+    {"n": 3, "best_of": 4, "echo": True, "logit_bias": {"7": -100, "8": 2.5},
+     "presence_penalty": -2, "frequency_penalty": 2, "repetition_penalty": 1.3, "min_p": 0.1,
+     "min_tokens": 2, "stop_token_ids": [1, 2]},
     {"stream": False, "stream_options": {"include_usage": True}}, {"user": 5, "new": None},
 ]
 GOOD_CHATS: list[dict[str, Any]] = [
@@ -227,6 +233,17 @@ GOOD_CHATS: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]},
     {"messages": [{"role": "tool", "content": []}]}, {"response_format": {"type": "text"}},
     {"tools": []}, {"max_tokens": 3, "max_completion_tokens": None}, {"logprobs": False},
+    {"response_format": {"type": "json_object"}}, {"guided_choice": ["a", "b"]},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+    {"structured_outputs": {"regex": "a+"}}, {"guided_json": "{}"},
+    {"tools": [{"type": "function", "function": {"name": "f", "description": "d",
+                                                  "parameters": {"type": "object"}}}],
+     "tool_choice": {"type": "function", "function": {"name": "f"}},
+     "parallel_tool_calls": False},
+    {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
+                   "tool_calls": [{"id": "c", "type": "function",
+                                   "function": {"name": "f", "arguments": "{}"}}]},
+                  {"role": "tool", "content": "1", "tool_call_id": "c"}]},
 ]
 
 

@@ -22,7 +22,8 @@ def _line(text: str, finished: bool = False) -> bytes:
 
 
 def stub_worker(behaviour: str) -> web.Application:
-    """``midstream``: one token, then the connection drops; ``refuse``: 503 at once."""
+    """``midstream``: one token, then the connection drops; ``early``: one token, then a
+    clean end of the response without a ``finished`` line; ``refuse``: 503 at once."""
     async def stats(_: web.Request) -> web.Response:
         return web.json_response({"kv_usage": 0.0, "waiting": 0, "draining": False})
 
@@ -32,6 +33,9 @@ def stub_worker(behaviour: str) -> web.Application:
         response = web.StreamResponse()
         await response.prepare(request)
         await response.write(_line("Hello"))
+        if behaviour == "early":
+            await response.write_eof()  # a well-formed end: only the missing last line tells
+            return response
         assert request.transport is not None
         request.transport.close()  # the worker dies mid-response
         return response
@@ -89,6 +93,21 @@ async def test_a_decode_worker_dying_mid_stream_ends_the_sse_with_an_error(route
     assert "mid-response" in error["message"] and error["type"] == "server_error"
     assert error["code"] == "worker_failed"  # retryable: a client need not parse the message
     assert events[-1] == "data: [DONE]"
+
+
+async def test_a_stream_ended_without_its_last_line_is_an_error_not_a_short_answer(
+        router_for, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level("WARNING", logger="cleave.router")
+    events = await _sse(await router_for("early"))
+    assert json.loads(events[0].removeprefix("data: "))["choices"][0]["text"] == "Hello"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "worker_failed" and "mid-response" in error["message"]
+    assert events[-1] == "data: [DONE]"
+    # No chunk claims the request finished: the client was not handed a short answer as whole.
+    finishes = [c["finish_reason"] for e in events[:-2]
+                for c in json.loads(e.removeprefix("data: "))["choices"]]
+    assert finishes == [None], finishes
+    assert any("ended the stream early" in r.getMessage() for r in caplog.records)
 
 
 async def test_no_decode_worker_able_to_serve_is_a_503_with_retry_after(router_for) -> None:  # type: ignore[no-untyped-def]

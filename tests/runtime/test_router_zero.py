@@ -24,6 +24,7 @@ from local_autoscale_support import CLI, wait_for
 from redis_servers import free_port
 from serving_stack import Proc, wait_ready
 
+from cleave.common import metric_names as names
 from cleave.runtime.serving.membership import parse_members, write_members
 from cleave.runtime.serving.upstream import WorkerPool
 
@@ -44,7 +45,7 @@ def _router(model: Path, logdir: Path, workers_file: Path, hold: float) -> Proc:
 
 def _held(router: Proc) -> float:
     text = urllib.request.urlopen(router.url + "/metrics", timeout=5).read().decode()
-    match = re.search(r'^cleave_num_requests_waiting\{role="router"\} (\S+)$', text, re.M)
+    match = re.search(rf'^{names.WAITING}\{{role="router"\}} (\S+)$', text, re.M)
     assert match, "the router exports its held requests"
     return float(match.group(1))
 

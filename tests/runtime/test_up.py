@@ -33,7 +33,7 @@ def test_up_serves_and_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_path: P
     port = free_port()
     log = tmp_path / "up.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cleave.runtime.cli", "up", "--model", str(tiny_model_dir),
+        [sys.executable, "-m", "cleave.common.cli", "up", "--model", str(tiny_model_dir),
          "--dtype", "float32", "--kv-cache-memory", "8MiB", "--port", str(port),
          "--disaggregate-min-tokens", "16"],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ))

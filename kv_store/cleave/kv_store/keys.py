@@ -9,7 +9,7 @@ or delete one service's blocks without touching another's.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 KEY_PREFIX = "cleave:v1"
@@ -20,6 +20,9 @@ _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 class KeySpace:
     namespace: str  # the service (LLMService name, tenant); never shared between services
     fingerprint_root: bytes  # KVFingerprint.root_hash()
+    # The blocks' MAC key (codec.mac_key of the service's KV salt): what a store writes and
+    # checks every value with. Empty: unkeyed checksums. Never printed.
+    mac_key: bytes = field(default=b"", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _NAMESPACE.fullmatch(self.namespace):
@@ -38,5 +41,11 @@ class KeySpace:
 
     def namespace_pattern(self) -> bytes:
         """Every key of this namespace, across fingerprints (glob-escaped)."""
-        escaped = re.sub(r"([*?\[\]\\])", r"\\\1", self.namespace)
-        return f"{KEY_PREFIX}:{escaped}:*".encode()
+        return namespace_pattern(self.namespace).encode()
+
+
+def namespace_pattern(namespace: str) -> str:
+    """The glob of every key of a namespace, across fingerprints: what SCAN matches, and what
+    the managed Redis's ACL users may touch (operator/cleave/operator/redis_users.py)."""
+    escaped = re.sub(r"([*?\[\]\\])", r"\\\1", namespace)
+    return f"{KEY_PREFIX}:{escaped}:*"

@@ -6,15 +6,20 @@ repr.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import parse_url as parse_async_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
+
+from cleave.common.settings import RedisSettings
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class RedisStoreConfig:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_verify: bool = True
+    tls_server_name: str | None = None  # the certificate's name (and SNI), if not the host's
     ttl_seconds: int = 3600
     timeout_seconds: float = 2.0  # per call: lookups, a whole put_many, a whole get_many
     connect_timeout_seconds: float = 1.0
@@ -55,12 +61,31 @@ class RedisStoreConfig:
     read_buffer_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
+        scheme = urlsplit(self.url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"the Redis URL must start with redis://, rediss:// or unix://, "
+                             f"got {scheme or 'no scheme'}:")
         if self.ttl_seconds < 1 or self.timeout_seconds <= 0:
             raise ValueError("ttl_seconds and timeout_seconds must be positive")
         if min(self.pipeline_depth, self.pipeline_bytes, self.connections,
                self.put_bytes, self.get_bytes_in_flight) < 1:
             raise ValueError("pipeline_depth, pipeline_bytes, connections and the bytes in "
                              "flight must be >= 1")
+        tls = (self.tls_ca_file, self.tls_server_name)
+        if any(v is not None for v in tls) and scheme != "rediss":
+            raise ValueError("a Redis TLS CA file or server name needs a rediss:// URL")
+        if self.tls_server_name is not None and self.cluster:
+            raise ValueError("a TLS server name applies to one node, not a Redis Cluster")
+
+    @classmethod
+    def of(cls, settings: RedisSettings, password: str | None, **tuning: Any,
+           ) -> RedisStoreConfig:
+        """The config the connection flags (``RedisSettings``) describe; the password read
+        from its file or the environment by the caller; ``tuning``: any other field."""
+        assert settings.redis_url is not None, "no store configured"
+        return cls(url=settings.redis_url, password=password,
+                   tls_ca_file=settings.redis_tls_ca_file,
+                   tls_server_name=settings.redis_tls_server_name, **tuning)
 
     @property
     def put_bytes(self) -> int:
@@ -112,6 +137,9 @@ def redis_py_client(config: RedisStoreConfig) -> Any:
         "socket_connect_timeout": config.connect_timeout_seconds,
         "retry": Retry(NoBackoff(), 0),
         "socket_read_size": config.socket_read_size,
+        # No CLIENT SETINFO on connect: an ACL user granted only the store's commands
+        # (operator/cleave/operator/redis_users.py) would be refused it, in Redis's ACL log.
+        "driver_info": None,
     }
     url = config.url
     if config.password is not None:
@@ -127,4 +155,22 @@ def redis_py_client(config: RedisStoreConfig) -> Any:
     if config.cluster:
         return RedisCluster.from_url(url, **options)
     options["max_connections"] = config.connections + 2
+    if config.tls_server_name is not None:
+        # redis-py has no server-name option, and its URL parsing picks the connection
+        # class: the pool is made from the parsed URL with ours in its place.
+        kwargs = {**parse_async_url(url), **options, "connection_class": _NamedSSLConnection,
+                  "server_name": config.tls_server_name}
+        return aioredis.Redis(connection_pool=aioredis.ConnectionPool(**kwargs))
     return aioredis.Redis.from_url(url, **options)
+
+
+class _NamedSSLConnection(SSLConnection):
+    """TLS that checks the certificate against (and sends as SNI) a given name, not the
+    host's: a server reached by IP, or by a Service name its certificate does not carry."""
+
+    def __init__(self, *, server_name: str, **kwargs: Any) -> None:
+        self.server_name = server_name
+        super().__init__(**kwargs)
+
+    def _connection_arguments(self) -> Mapping[str, Any]:
+        return {**super()._connection_arguments(), "server_hostname": self.server_name}

@@ -39,11 +39,11 @@ class _Read:
 
 
 def _check(block_hash: bytes, value: Any,
-           finish: Callable[[StoredBlock], object] | None = None) -> _Read:
+           finish: Callable[[StoredBlock], object] | None = None, key: bytes = b"") -> _Read:
     if value is None:
         return _Read(None, None)
     try:
-        header, payload = decode(value, expected_hash=block_hash)
+        header, payload = decode(value, expected_hash=block_hash, key=key)
     except CorruptBlock:
         return _Read(len(value), None)
     block = StoredBlock(header, payload)
@@ -174,6 +174,7 @@ class RedisBlockStore:
         use expire together, after their last use, never the early ones first.
         """
         ttl = self.config.ttl_seconds
+        mac = self.keys.mac_key  # each value's MAC is checked with it (codec.decode)
         def fill(batch: range) -> Callable[[Any], None]:
             def go(pipe: Any) -> None:
                 for i in batch:
@@ -188,11 +189,12 @@ class RedisBlockStore:
                 sizes = [guess] * len(keys) if guess else None
                 reads = await asyncio.to_thread(
                     get_many_into, self._bulk, keys, self._buffers, sizes,
-                    lambda i, value: _check(hashes[i], value, finish), self._get_limits, ttl)
+                    lambda i, value: _check(hashes[i], value, finish, mac),
+                    self._get_limits, ttl)
             else:
                 batches = self._batches([guess or _UNKNOWN_VALUE_BYTES] * len(hashes))
                 raw = await asyncio.gather(*(self._run_pipeline(fill(b)) for b in batches))
-                reads = [_check(h, v, finish) for b, values in zip(batches, raw, strict=True)
+                reads = [_check(h, v, finish, mac) for b, values in zip(batches, raw, strict=True)
                          for h, v in zip(hashes[b.start:b.stop], values, strict=True)]
             # Learnt from verified blocks only: a stray value must not set the expected size.
             self._value_bytes = next((r.nbytes for r in reads if r.block is not None), guess)

@@ -102,7 +102,7 @@ class MemoryBlockStore:
                 found.append(None)
                 continue
             try:
-                header, payload = decode(value, expected_hash=h)
+                header, payload = decode(value, expected_hash=h, key=self.keys.mac_key)
             except CorruptBlock:
                 self.corrupt_blocks += 1
                 found.append(None)

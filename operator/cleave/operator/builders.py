@@ -12,23 +12,28 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from cleave.common.model_source import looks_like_hub_id
+from cleave.common.quantity import parse_bytes
+from cleave.common.settings import (
+    API_KEY_ENV,
+    KV_SALT_ENV,
+    REDIS_PASSWORD_ENV,
+    WORKER_PORT,
+    DownloadSettings,
+    EngineSettings,
+    RedisSettings,
+    RouterSettings,
+    RoutingSettings,
+    StoreSettings,
+    WorkerSettings,
+)
+from cleave.operator import pod_template as pods
+from cleave.operator import redis_users, security
+from cleave.operator.pod_template import GRACE_SECONDS, SECURITY, Manifest, labels
 from cleave.operator.spec import LLMServiceSpec, Role
 
-WORKER_PORT = 8100
 REDIS_PORT = 6379
-GRACE_SECONDS = 30
-Manifest = dict[str, Any]
-
-
-def labels(spec: LLMServiceSpec, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "cleave", "app.kubernetes.io/instance": spec.name,
-            "app.kubernetes.io/component": component,
-            "app.kubernetes.io/managed-by": "cleave-operator"}
-
-
-def _meta(spec: LLMServiceSpec, name: str, component: str, owner: Manifest) -> Manifest:
-    return {"name": name, "namespace": spec.namespace, "labels": labels(spec, component),
-            "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}]}
+__all__ = ["labels"]  # re-exported: reconcile and the autoscaler select a role's pods by them
 
 
 def owner_reference(obj: Mapping[str, Any]) -> Manifest:
@@ -37,107 +42,114 @@ def owner_reference(obj: Mapping[str, Any]) -> Manifest:
             "uid": meta["uid"]}
 
 
-def redis_url(spec: LLMServiceSpec) -> str:
+def redis_url(spec: LLMServiceSpec, component: str = "decode") -> str:
+    """The store's URL as ``component`` reaches it: the managed Redis as its own ACL user."""
     if spec.kv_store.external_url is not None:
         return spec.kv_store.external_url
-    return f"redis://{spec.name}-redis.{spec.namespace}.svc:{REDIS_PORT}/0"
+    user = redis_users.user_of(component)[0]
+    return f"redis://{user}@{spec.name}-redis.{spec.namespace}.svc:{REDIS_PORT}/0"
 
 
-def _password_env(spec: LLMServiceSpec) -> list[Manifest]:
+def redis_settings(spec: LLMServiceSpec, component: str) -> RedisSettings:
+    """How ``component`` reaches the store: its URL (and user), the mounted CA, if any."""
+    tls = spec.kv_store.tls
+    return RedisSettings(redis_url=redis_url(spec, component),
+                         redis_tls_ca_file=pods.REDIS_CA_FILE if tls.ca else None,
+                         redis_tls_server_name=tls.server_name)
+
+
+def _password_env(spec: LLMServiceSpec, component: str) -> list[Manifest]:
     ref = spec.kv_store.password_secret
-    if spec.kv_store.managed:
-        name, key = f"{spec.name}-redis-auth", "password"
+    if spec.kv_store.managed:  # only its own user's password: separate keys of one Secret
+        name, key = redis_users.secret_name(spec), redis_users.user_of(component)[1]
     elif ref is not None:
         name, key = ref.name, ref.key
     else:
         return []
-    return [{"name": "CLEAVE_REDIS_PASSWORD",
-             "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}]
+    return [_secret_env(REDIS_PASSWORD_ENV, name, key)]
 
 
-_SECURITY = {"runAsNonRoot": True, "runAsUser": 10001, "allowPrivilegeEscalation": False,
-             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
-             "seccompProfile": {"type": "RuntimeDefault"}}
+def _secret_env(env: str, name: str, key: str) -> Manifest:
+    return {"name": env, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}
 
 
-def _pod(spec: LLMServiceSpec, component: str, container: Manifest, role: Role | None,
-         extra_volumes: list[Manifest]) -> Manifest:
-    pod: Manifest = {
-        "metadata": {"labels": labels(spec, component)},
-        "spec": {
-            # Workers and the router never call the Kubernetes API: no token in the pod.
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": GRACE_SECONDS + 5,
-            "containers": [container],
-            "volumes": [{"name": "tmp", "emptyDir": {}},
-                        {"name": "cache", "emptyDir": {}}, *extra_volumes],
-        },
-    }
-    if role is not None:
-        if role.node_selector:
-            pod["spec"]["nodeSelector"] = dict(role.node_selector)
-        if role.tolerations:
-            pod["spec"]["tolerations"] = [dict(t) for t in role.tolerations]
-    return pod
+def salt_secret_name(spec: LLMServiceSpec) -> str:
+    return f"{spec.name}-kv-salt"
 
 
-def _probes(port: int) -> Manifest:
-    return {
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": port},
-                           "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": port},
-                          "periodSeconds": 10, "failureThreshold": 6},
-        # Loading (and, once, converting) a model can take minutes.
-        "startupProbe": {"httpGet": {"path": "/health", "port": port},
-                         "periodSeconds": 5, "failureThreshold": 120},
-    }
+def _salt_env(spec: LLMServiceSpec) -> Manifest:
+    ref = spec.kv_store.salt_secret
+    if ref is not None:
+        return _secret_env(KV_SALT_ENV, ref.name, ref.key)
+    return _secret_env(KV_SALT_ENV, salt_secret_name(spec), "salt")
 
 
-def _mounts(spec: LLMServiceSpec) -> tuple[list[Manifest], list[Manifest]]:
-    mounts: list[Manifest] = [{"name": "tmp", "mountPath": "/tmp"},
-                              {"name": "cache", "mountPath": "/cache"}]
-    volumes: list[Manifest] = []
-    if spec.model_claim:
-        mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
-        volumes.append({"name": "models", "persistentVolumeClaim": {
-            "claimName": spec.model_claim, "readOnly": True}})
-    return mounts, volumes
+def kv_namespace(spec: LLMServiceSpec) -> str:
+    """The service's KV namespace: its Kubernetes namespace and name, so that two services
+    named alike in two namespaces share no blocks on one Redis, and one's cleanup (every key
+    of its namespace) cannot wipe the other's."""
+    return f"{spec.namespace}.{spec.name}"
 
 
-def _quantities(resources: Mapping[str, Any]) -> Manifest:
-    """Quantities as strings: YAML's ``nvidia.com/gpu: 1`` is an int, the API wants a
-    quantity (and the client refuses an int)."""
-    return {section: {name: str(value) for name, value in (values or {}).items()}
-            for section, values in resources.items()}
+def worker_settings(spec: LLMServiceSpec, role_name: str, role: Role) -> WorkerSettings:
+    engine = role.engine
+    defaults = EngineSettings()
+    return WorkerSettings(
+        role=role_name, host="0.0.0.0", port=WORKER_PORT, grace_period=GRACE_SECONDS,
+        served_model_name=spec.model_name,  # the vllm:* metrics' model_name, as the router's
+        store=StoreSettings(redis=redis_settings(spec, role_name), namespace=kv_namespace(spec),
+                            kv_ttl_seconds=spec.kv_store.ttl_seconds),
+        engine=EngineSettings(
+            model=spec.model_source, revision=spec.model_revision, dtype=spec.dtype,
+            device="cuda" if role.gpus_per_replica else "auto",
+            kv_cache_memory=engine.kv_cache_memory,
+            max_num_seqs=engine.max_num_seqs or defaults.max_num_seqs,
+            max_batched_tokens=engine.max_batched_tokens or defaults.max_batched_tokens,
+            # one rank per GPU the role's pods get
+            tensor_parallel_size=max(1, role.gpus_per_replica)))
+
+
+def download_init(spec: LLMServiceSpec, image: str, mounts: list[Manifest]) -> Manifest | None:
+    """For a hub model: an init container that downloads it into the pod's /cache, so that a
+    long download never counts against the server's startup probe. Only it holds the token;
+    the server then starts offline (:func:`offline_env`) from exactly what it fetched."""
+    if not looks_like_hub_id(spec.model_source):
+        return None
+    env: list[Manifest] = [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}]
+    if spec.model_token_secret is not None:
+        env.append(_secret_env("HF_TOKEN", spec.model_token_secret.name,
+                               spec.model_token_secret.key))
+    settings = DownloadSettings(model=spec.model_source, revision=spec.model_revision)
+    return {"name": "download-model", "image": image, "command": ["cleave"],
+            "args": ["download", *settings.to_args()], "env": env,
+            "securityContext": dict(SECURITY), "volumeMounts": mounts}
+
+
+def offline_env(spec: LLMServiceSpec) -> list[Manifest]:
+    return [{"name": "HF_HUB_OFFLINE", "value": "1"}] \
+        if looks_like_hub_id(spec.model_source) else []
 
 
 def worker_deployment(spec: LLMServiceSpec, role_name: str, role: Role, owner: Manifest,
                       replicas: int | None) -> Manifest:
-    args = ["worker", "--role", role_name, "--host", "0.0.0.0", "--port", str(WORKER_PORT),
-            "--model", spec.model_source, "--dtype", spec.dtype,
-            "--redis-url", redis_url(spec), "--namespace", spec.name,
-            "--grace-period", str(GRACE_SECONDS)]
-    if role.gpus_per_replica:
-        args += ["--device", "cuda"]
-    if role.engine.max_batched_tokens:
-        args += ["--max-batched-tokens", str(role.engine.max_batched_tokens)]
-    if role.engine.max_num_seqs:
-        args += ["--max-num-seqs", str(role.engine.max_num_seqs)]
-    if role.engine.kv_cache_memory:
-        args += ["--kv-cache-memory", role.engine.kv_cache_memory]
-    mounts, volumes = _mounts(spec)
+    mounts, volumes = pods.volumes(spec, gpu=role.gpus_per_replica > 0)
+    image = spec.gpu_image if role.gpus_per_replica else spec.image
     container: Manifest = {
-        "name": role_name, "image": spec.image, "command": ["cleave"], "args": args,
+        "name": role_name, "image": image,
+        "command": ["cleave"],
+        "args": ["worker", *worker_settings(spec, role_name, role).to_args()],
         "ports": [{"name": "http", "containerPort": WORKER_PORT}],
-        "env": [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}, *_password_env(spec)],
-        "resources": _quantities(role.resources), "securityContext": dict(_SECURITY),
-        "volumeMounts": mounts, **_probes(WORKER_PORT)}
+        "env": [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}, *_password_env(spec, role_name),
+                _salt_env(spec), security.internal_token_env(spec), *offline_env(spec)],
+        "resources": pods.quantities(role.resources), "securityContext": dict(SECURITY),
+        "volumeMounts": mounts, **pods.probes(WORKER_PORT, role.pod.startup_seconds)}
     component = role_name
     deployment: Manifest = {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": _meta(spec, f"{spec.name}-{role_name}", component, owner),
+        "metadata": pods.meta(spec, f"{spec.name}-{role_name}", component, owner),
         "spec": {"selector": {"matchLabels": labels(spec, component)},
-                 "template": _pod(spec, component, container, role, volumes)}}
+                 "template": pods.pod(spec, component, container, role.pod, volumes,
+                                      download_init(spec, image, mounts))}}
     if replicas is not None:
         deployment["spec"]["replicas"] = replicas
     return deployment
@@ -146,7 +158,7 @@ def worker_deployment(spec: LLMServiceSpec, role_name: str, role: Role, owner: M
 def worker_service(spec: LLMServiceSpec, role_name: str, owner: Manifest) -> Manifest:
     """Headless: the router resolves it to every ready worker pod of the role."""
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _meta(spec, f"{spec.name}-{role_name}", role_name, owner),
+            "metadata": pods.meta(spec, f"{spec.name}-{role_name}", role_name, owner),
             "spec": {"clusterIP": "None", "selector": labels(spec, role_name),
                      "ports": [{"name": "http", "port": WORKER_PORT}]}}
 
@@ -154,41 +166,56 @@ def worker_service(spec: LLMServiceSpec, role_name: str, owner: Manifest) -> Man
 ROUTER_HOLD_SECONDS = 600
 
 
-def router_deployment(spec: LLMServiceSpec, owner: Manifest) -> Manifest:
+def router_settings(spec: LLMServiceSpec) -> RouterSettings:
     r = spec.router
-    args = ["router", "--host", "0.0.0.0", "--port", str(r.port), "--model", spec.model_source,
-            "--served-model-name", spec.model_name,
-            "--disaggregate-min-tokens", str(r.disaggregate_min_tokens),
-            "--kv-load-failure-policy", r.kv_load_failure_policy]
     svc = f"{spec.namespace}.svc"
-    if spec.prefill is not None:
-        args += ["--prefill", f"dns+http://{spec.name}-prefill.{svc}:{WORKER_PORT}"]
-    args += ["--decode", f"dns+http://{spec.name}-decode.{svc}:{WORKER_PORT}"]
-    args += ["--redis-url", redis_url(spec)]
+    prefill = f"dns+http://{spec.name}-prefill.{svc}:{WORKER_PORT}"
+    hold = None
     if spec.scale_to_zero and spec.autoscaling_mode == "Cleave":
         # With no worker running, the router holds requests (and counts them: the demand that
         # wakes the roles) for as long as a cold start of a GPU pod may take, not a fast 503.
-        args += ["--hold-timeout", str(ROUTER_HOLD_SECONDS)]
-    env: list[Manifest] = [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}, *_password_env(spec)]
+        hold = float(ROUTER_HOLD_SECONDS)
+    return RouterSettings(
+        model=spec.model_source, revision=spec.model_revision,
+        served_model_name=spec.model_name, host="0.0.0.0",
+        port=r.port, prefill=(prefill,) if spec.prefill is not None else (),
+        decode=(f"dns+http://{spec.name}-decode.{svc}:{WORKER_PORT}",),
+        redis=redis_settings(spec, "router"),
+        routing=RoutingSettings(disaggregate_min_tokens=r.disaggregate_min_tokens,
+                                kv_load_failure_policy=r.kv_load_failure_policy,
+                                hold_timeout=hold))
+
+
+def router_deployment(spec: LLMServiceSpec, owner: Manifest,
+                      replicas: int | None = None) -> Manifest:
+    r = spec.router
+    args = ["router", *router_settings(spec).to_args()]
+    env: list[Manifest] = [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"},
+                           *_password_env(spec, "router"),
+                           security.internal_token_env(spec), *offline_env(spec)]
     if r.api_key_secret is not None:
-        env.append({"name": "CLEAVE_API_KEY", "valueFrom": {"secretKeyRef": {
-            "name": r.api_key_secret.name, "key": r.api_key_secret.key}}})
-    mounts, volumes = _mounts(spec)
+        env.append(_secret_env(API_KEY_ENV, r.api_key_secret.name, r.api_key_secret.key))
+    mounts, volumes = pods.volumes(spec, gpu=False)
     container: Manifest = {
         "name": "router", "image": spec.image, "command": ["cleave"], "args": args,
         "ports": [{"name": "http", "containerPort": r.port}], "env": env,
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-        "securityContext": dict(_SECURITY), "volumeMounts": mounts, **_probes(r.port)}
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": _meta(spec, f"{spec.name}-router", "router", owner),
-            "spec": {"replicas": r.replicas,
-                     "selector": {"matchLabels": labels(spec, "router")},
-                     "template": _pod(spec, "router", container, None, volumes)}}
+        "securityContext": dict(SECURITY), "volumeMounts": mounts,
+        **pods.probes(r.port, r.pod.startup_seconds)}
+    deployment: Manifest = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": pods.meta(spec, f"{spec.name}-router", "router", owner),
+        "spec": {"selector": {"matchLabels": labels(spec, "router")},
+                 "template": pods.pod(spec, "router", container, r.pod, volumes,
+                                      download_init(spec, spec.image, mounts))}}
+    if replicas is not None:
+        deployment["spec"]["replicas"] = replicas
+    return deployment
 
 
 def router_service(spec: LLMServiceSpec, owner: Manifest) -> Manifest:
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _meta(spec, f"{spec.name}-router", "router", owner),
+            "metadata": pods.meta(spec, f"{spec.name}-router", "router", owner),
             "spec": {"type": spec.router.service_type, "selector": labels(spec, "router"),
                      "ports": [{"name": "http", "port": spec.router.port,
                                 "targetPort": spec.router.port}]}}
@@ -201,46 +228,47 @@ def endpoint(spec: LLMServiceSpec) -> str:
 def config_map(spec: LLMServiceSpec, owner: Manifest) -> Manifest:
     """The resolved runtime configuration, for humans and tools (the pods take flags)."""
     config = {"model": {"name": spec.model_name, "source": spec.model_source,
-                        "dtype": spec.dtype},
-              "kvStore": {"url": redis_url(spec), "namespace": spec.name,
+                        "revision": spec.model_revision, "dtype": spec.dtype},
+              "kvStore": {"url": redis_url(spec), "namespace": kv_namespace(spec),
                           "ttlSeconds": spec.kv_store.ttl_seconds},
               "router": {"port": spec.router.port,
                          "disaggregateMinTokens": spec.router.disaggregate_min_tokens,
                          "kvLoadFailurePolicy": spec.router.kv_load_failure_policy},
               "autoscaling": {"mode": spec.autoscaling_mode}}
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(spec, f"{spec.name}-config", "config", owner),
+            "metadata": pods.meta(spec, f"{spec.name}-config", "config", owner),
             "data": {"config.json": json.dumps(config, indent=2, sort_keys=True)}}
 
 
-def managed_redis(spec: LLMServiceSpec, owner: Manifest, password: str) -> list[Manifest]:
-    """StatefulSet + Service + the password Secret; the caller generates the password once."""
+def managed_redis(spec: LLMServiceSpec, owner: Manifest,
+                  passwords: redis_users.RedisPasswords) -> list[Manifest]:
+    """StatefulSet + Service + the users' password Secret (redis_users: one ACL user per
+    component); the caller generates the passwords once."""
     name = f"{spec.name}-redis"
     kv = spec.kv_store
+    options = ['--save ""', "--appendonly no", "--maxmemory-policy allkeys-lru",
+               f"--maxmemory {_redis_bytes(kv.managed_memory)}"]
     container: Manifest = {
         "name": "redis", "image": kv.managed_image or "redis:7.2",
-        "command": ["sh", "-c", 'exec redis-server --requirepass "$REDIS_PASSWORD" '
-                    '--save "" --appendonly no --maxmemory-policy allkeys-lru '
-                    f'--maxmemory {_redis_bytes(kv.managed_memory)}'],
-        "env": [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
-            "name": f"{name}-auth", "key": "password"}}}],
+        "command": ["sh", "-c", redis_users.server_script(kv_namespace(spec), options)],
+        "env": redis_users.server_env(spec),
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
         "resources": {"requests": {"memory": kv.managed_memory},
                       "limits": {"memory": kv.managed_memory}},
         "readinessProbe": {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 5},
-        "securityContext": {**_SECURITY, "runAsUser": 999},
+        "securityContext": {**SECURITY, "runAsUser": 999},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
                          {"name": "data", "mountPath": "/data"}]}
-    pod = _pod(spec, "redis", container, None, [{"name": "data", "emptyDir": {}}])
+    pod = pods.pod(spec, "redis", container, None, [{"name": "data", "emptyDir": {}}])
     return [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(spec, f"{name}-auth", "redis",
-                                                                  owner),
-         "type": "Opaque", "stringData": {"password": password}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(spec, name, "redis", owner),
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": pods.meta(spec, redis_users.secret_name(spec), "redis", owner),
+         "type": "Opaque", "stringData": passwords.as_data()},
+        {"apiVersion": "v1", "kind": "Service", "metadata": pods.meta(spec, name, "redis", owner),
          "spec": {"selector": labels(spec, "redis"),
                   "ports": [{"name": "redis", "port": REDIS_PORT}]}},
         {"apiVersion": "apps/v1", "kind": "StatefulSet",
-         "metadata": _meta(spec, name, "redis", owner),
+         "metadata": pods.meta(spec, name, "redis", owner),
          "spec": {"serviceName": name, "replicas": 1,
                   "selector": {"matchLabels": labels(spec, "redis")}, "template": pod}},
     ]
@@ -248,25 +276,38 @@ def managed_redis(spec: LLMServiceSpec, owner: Manifest, password: str) -> list[
 
 def _redis_bytes(quantity: str) -> str:
     """Leave Redis 80 % of its memory limit: the rest is its own overhead."""
-    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
-             "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    for suffix, scale in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if quantity.endswith(suffix):
-            return str(int(float(quantity[: -len(suffix)]) * scale * 0.8))
-    return str(int(float(quantity) * 0.8))
+    return str(int(parse_bytes(quantity) * 0.8))
 
 
-def desired_children(spec: LLMServiceSpec, owner: Manifest, redis_password: str,
-                     replicas: dict[str, int | None]) -> list[Manifest]:
-    """Every child of one LLMService. ``replicas`` maps role -> count (None: not ours)."""
-    children = [config_map(spec, owner)]
+def kv_salt_secret(spec: LLMServiceSpec, owner: Manifest, salt: str) -> Manifest:
+    """The service's own random KV salt (written once, like the Redis password): two services
+    never share blocks by accident, even on one external Redis."""
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": pods.meta(spec, salt_secret_name(spec), "kv-salt", owner),
+            "type": "Opaque", "stringData": {"salt": salt}}
+
+
+def desired_children(spec: LLMServiceSpec, owner: Manifest,
+                     redis_passwords: redis_users.RedisPasswords,
+                     replicas: dict[str, int | None], kv_salt: str, *, internal_token: str,
+                     access: security.Access = security.OPEN_ACCESS) -> list[Manifest]:
+    """Every child of one LLMService. ``replicas`` maps prefill, decode and router to a count
+    (None: not ours)."""
+    children = [config_map(spec, owner),
+                security.internal_token_secret(spec, owner, internal_token),
+                *security.network_policies(spec, owner, access)]
+    if spec.kv_store.salt_secret is None:
+        children.append(kv_salt_secret(spec, owner, kv_salt))
     if spec.kv_store.managed:
-        children += managed_redis(spec, owner, redis_password)
+        children += managed_redis(spec, owner, redis_passwords)
     roles = [("decode", spec.decode)]
     if spec.prefill is not None:
         roles.insert(0, ("prefill", spec.prefill))
     for name, role in roles:
         children.append(worker_deployment(spec, name, role, owner, replicas.get(name)))
         children.append(worker_service(spec, name, owner))
-    children += [router_deployment(spec, owner), router_service(spec, owner)]
+        children.append(pods.disruption_budget(spec, name, role.pod, owner))
+    children += [router_deployment(spec, owner, replicas.get("router")),
+                 router_service(spec, owner),
+                 pods.disruption_budget(spec, "router", spec.router.pod, owner)]
     return children

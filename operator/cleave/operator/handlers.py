@@ -18,7 +18,7 @@ import aiohttp
 import kopf
 from kubernetes import client
 
-from cleave.operator.autoscaler import metrics
+from cleave.autoscaling import metrics
 from cleave.operator.autoscaler.controller import ServiceAutoscaler
 from cleave.operator.kube import GROUP, PLURAL, VERSION, Kube
 from cleave.operator.reconcile import reconcile

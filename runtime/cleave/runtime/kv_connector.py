@@ -85,8 +85,15 @@ class KVStoreConnector:
         self.block_shape = core.block_shape
         self.dtype = core.dtype
         self.dtype_name = str(core.dtype).removeprefix("torch.")
-        self._headers = HeaderWriter(self.dtype_name, self.block_shape, self.block_size)
+        # Sealed with the store's MAC key: only holders of the service's salt write blocks
+        # the workers accept.
+        self._headers = HeaderWriter(self.dtype_name, self.block_shape, self.block_size,
+                                     store.keys.mac_key)
         self._store_warnings = ThrottledWarning(log, STORE_WARNING_INTERVAL_SECONDS)
+        # Exported at 0 from the start: a dashboard's failure panel then reads 0, not "No
+        # data", and rate() has a sample to start from when the first failure comes.
+        for direction in ("save", "load"):
+            KV_TRANSFER_FAILURES.labels(role, direction)
 
     async def _transfer(self, direction: str, call: Awaitable[T],
                         nbytes: Callable[[T], int]) -> T | None:

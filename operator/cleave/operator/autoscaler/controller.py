@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,9 +27,10 @@ import aiohttp
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from cleave.operator import builders
-from cleave.operator.autoscaler import metrics, prometheus, report
-from cleave.operator.autoscaler.policy import (
+from cleave.autoscaling import metrics, report
+from cleave.autoscaling.flips import FlipPlan, WorkerView, plan_flips
+from cleave.autoscaling.pods import PodCounts
+from cleave.autoscaling.policy import (
     Decision,
     PolicyConfig,
     RoleSignals,
@@ -37,11 +38,13 @@ from cleave.operator.autoscaler.policy import (
     decide,
     seed,
 )
+from cleave.autoscaling.signals import ROUTER, SignalCollector, Target, collect
+from cleave.operator import builders, security
+from cleave.operator.autoscaler import flips, prometheus
 from cleave.operator.autoscaler.policy_from_spec import config_from_spec
-from cleave.operator.autoscaler.signals import ROUTER, SignalCollector, Target, collect
 from cleave.operator.kube import Kube
 from cleave.operator.spec import LLMServiceSpec, SpecError, parse_spec
-from cleave.operator.status import PodCounts, count_pods, is_ready, live_pods
+from cleave.operator.status import count_pods, live_pods
 
 log = logging.getLogger("cleave.operator.autoscaler")
 SCRAPE_TIMEOUT_S = 2.0
@@ -77,15 +80,8 @@ def observe(kube: Kube, spec: LLMServiceSpec) -> dict[str, RoleView]:
 def metrics_url(pod: Mapping[str, Any]) -> str | None:
     """``http://<podIP>:<port named http>/metrics`` of a ready pod; None if it cannot be
     scraped (not ready: it serves no traffic, so its figures would describe nothing)."""
-    ip = (pod.get("status") or {}).get("podIP")
-    if not ip or not is_ready(pod):
-        return None
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == "http" and port.get("containerPort"):
-                host = f"[{ip}]" if ":" in ip else ip
-                return f"http://{host}:{port['containerPort']}/metrics"
-    return None
+    base = flips.pod_url(pod)
+    return None if base is None else base + "/metrics"
 
 
 @dataclass(frozen=True)
@@ -93,6 +89,13 @@ class Tick:
     decisions: tuple[Decision, ...]  # of the roles the autoscaler owns
     replicas: Mapping[str, int]  # their Deployments' replicas
     signals: Mapping[str, RoleSignals]
+    # Elastic roles (both roles autoscaled): workers per current role, the worker pods as the
+    # planner sees them, and the pods by name (to flip them). Empty otherwise.
+    current: Mapping[str, int] | None = None
+    workers: tuple[WorkerView, ...] = ()
+    pods: Mapping[str, Mapping[str, Any]] | None = None
+    auth: Mapping[str, str] | None = None  # the header of a call to a worker's /internal/*
+    colocate: bool = False  # the policy's floor: one worker serves both roles
 
 
 def _now_iso() -> str:
@@ -109,6 +112,7 @@ class ServiceAutoscaler:
         self.state: ScalingState | None = None
         self.published: dict[str, Any] | None = None  # the status block this loop last wrote
         self._problem = ""
+        self._colocated = False  # the floor as last carried out
 
     def _collector(self, spec: LLMServiceSpec) -> SignalCollector:
         window = spec.autoscaler.window_seconds
@@ -121,9 +125,11 @@ class ServiceAutoscaler:
 
     async def _scraped(self, spec: LLMServiceSpec, session: aiohttp.ClientSession,
                        views: Mapping[str, RoleView], counts: Mapping[str, PodCounts],
-                       now: float) -> dict[str, RoleSignals]:
-        targets = [Target(str(p["metadata"]["name"]), role, url) for role, v in views.items()
-                   for p in live_pods(v.pods) if (url := metrics_url(p)) is not None]
+                       now: float, roles_now: Mapping[str, str]) -> dict[str, RoleSignals]:
+        # A flipped pod's figures count for the role it works in now.
+        targets = [Target(name, roles_now.get(name, role), url) for role, v in views.items()
+                   for p in live_pods(v.pods) if (url := metrics_url(p)) is not None
+                   and (name := str(p["metadata"]["name"]))]
         return await collect(self._collector(spec), session, targets, counts, now,
                              self.scrape_timeout_s)
 
@@ -153,23 +159,53 @@ class ServiceAutoscaler:
             return None  # the reconcile has not created every Deployment yet
         replicas = {r: v.replicas for r, v in workers.items() if v.replicas is not None}
         counts = {r: count_pods(replicas[r], v.pods) for r, v in workers.items()}
+        pods = {r: v.pods for r, v in workers.items()}
+        elastic = set(owned) == {"prefill", "decode"}  # flips need both roles in our hands
+        auth: dict[str, str] = {}
+        if elastic:
+            auth = flips.auth(await asyncio.to_thread(
+                self.kube.secret_value, spec.namespace,
+                security.internal_token_secret_name(spec), "token"))
+        roles_now = await flips.current_roles(session, pods, self.scrape_timeout_s, auth) \
+            if elastic else {}
+        counts = flips.by_current_role(counts, pods, roles_now)
         if spec.autoscaler.prometheus_url:
             signals = await self._from_prometheus(spec, session, counts)
         else:
-            signals = await self._scraped(spec, session, views, counts, now)
+            signals = await self._scraped(spec, session, views, counts, now, roles_now)
         if self.state is None:
             self.state = seed(now, replicas)
         decisions, self.state = decide(now, signals, cfg, self.state)
-        return Tick(tuple(d for d in decisions if d.role in owned),
+        tick = Tick(tuple(d for d in decisions if d.role in owned),
                     {r: replicas[r] for r in owned}, signals)
+        if not elastic:
+            return tick
+        return replace(tick, current={r: c.ready + c.starting + c.pending
+                                      for r, c in counts.items()},
+                       workers=tuple(flips.worker_views(pods, roles_now)),
+                       pods={str(p["metadata"]["name"]): p for ps in pods.values()
+                             for p in live_pods(ps)}, auth=auth,
+                       colocate=self.state.colocate)
 
     async def publish(self, spec: LLMServiceSpec, tick: Tick, previous: Mapping[str, Any] | None,
-                      post_event: PostEvent) -> list[report.Change]:
-        """Scale what changed (unless advisory), then tell it: status, Events, logs, metrics."""
+                      post_event: PostEvent,
+                      session: aiohttp.ClientSession | None = None) -> list[report.Change]:
+        """Scale what changed (unless advisory), then tell it: status, Events, logs, metrics.
+        With elastic roles the changes are met by a flip plan: flips first, then replicas."""
         dry = spec.autoscaler.dry_run
         previous = self.published if self.published is not None else previous
-        found = report.changes(tick.decisions, tick.replicas, previous, dry)
+        found = report.changes(tick.decisions, tick.current or tick.replicas, previous, dry)
         done = []
+        # The floor (policy.decide's colocate) changes the workers without changing a count.
+        floor_moved = tick.colocate != self._colocated and not dry
+        if tick.current is not None and session is not None and (
+                any(c.act for c in found) or floor_moved):
+            plan = await self._carry_out(spec, tick, session, post_event)
+            if plan is not None:  # else the next tick finds the same changes and tries again
+                done = [replace(c, decision=replace(
+                    c.decision, reason=f"{c.decision.reason}; plan: {plan.reason}"))
+                    for c in found]
+            found = []
         for change in found:
             if change.act and not await self._scale(spec, change):
                 continue  # not scaled: the next tick finds the same change and tries again
@@ -191,6 +227,34 @@ class ServiceAutoscaler:
             metrics.count_decision(spec.name, spec.namespace, change.role, change.direction,
                                    not change.act)
         return done
+
+    async def _carry_out(self, spec: LLMServiceSpec, tick: Tick,
+                         session: aiohttp.ClientSession,
+                         post_event: PostEvent) -> FlipPlan | None:
+        """Meet the desired workers per current role: flip the pods the plan names, then set
+        each home Deployment's replicas (a scale-down lets the ReplicaSet pick: not-ready pods
+        first). None if any step failed (the next tick plans again from what is)."""
+        assert tick.pods is not None
+        plan = plan_flips({d.role: d.desired for d in tick.decisions}, tick.workers,
+                          tick.colocate)
+        where = f"{spec.namespace}/{spec.name}"
+        ok = True
+        for name, role in plan.flips:
+            problem = await flips.flip(session, tick.pods[name], role, self.scrape_timeout_s,
+                                       tick.auth or {})
+            if problem is None:
+                post_event("Flipped", f"pod {name} now serves the {role} role ({plan.reason})")
+                log.info("%s: flipped pod %s to the %s role", where, name, role)
+            else:
+                log.warning("%s: cannot flip pod %s to %s: %s", where, name, role, problem)
+                ok = False
+        for home, n in plan.replicas.items():
+            if n != tick.replicas.get(home, n):
+                d = Decision(home, tick.replicas[home], n, plan.reason, {})
+                ok = await self._scale(spec, report.Change(d, tick.replicas[home], True)) and ok
+        if ok:
+            self._colocated = tick.colocate
+        return plan if ok else None
 
     async def _scale(self, spec: LLMServiceSpec, change: report.Change) -> bool:
         """Scale one role's Deployment; False if that did not happen. One role's failure must
@@ -225,5 +289,5 @@ class ServiceAutoscaler:
         tick = await self.tick(spec, cfg, session, now)
         if tick is not None:
             await self.publish(spec, tick, (obj.get("status") or {}).get("autoscaler"),
-                               post_event)
+                               post_event, session)
         return interval_seconds(spec)

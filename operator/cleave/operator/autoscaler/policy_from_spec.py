@@ -3,7 +3,7 @@ capacity prior the user wrote (``tokensPerSecondPerReplica``, ``coldStartSeconds
 
 from __future__ import annotations
 
-from cleave.operator.autoscaler.policy import DECODE, PREFILL, PolicyConfig, RolePolicy
+from cleave.autoscaling.policy import DECODE, PREFILL, FloorPolicy, PolicyConfig, RolePolicy
 from cleave.operator.spec import LLMServiceSpec, Role
 
 
@@ -28,5 +28,9 @@ def config_from_spec(spec: LLMServiceSpec) -> PolicyConfig:
     roles = {DECODE: _role_policy(spec.decode, prefill=False, **timing)}
     if spec.prefill is not None:
         roles[PREFILL] = _role_policy(spec.prefill, prefill=True, **timing)
+    # The one-worker floor: elastic roles only (both roles autoscaled, so flips are ours). It
+    # removes a pod, so it waits the scale-down delay, as any scale-down does.
+    floor = FloorPolicy(hold_s=spec.autoscaler.scale_down_delay_seconds) \
+        if set(spec.autoscaled_roles()) == {PREFILL, DECODE} else None
     return PolicyConfig(roles, spec.gpu_budget, spec.autoscaler.ratio_bounds, spec.scale_to_zero,
-                        spec.autoscaling_mode)
+                        spec.autoscaling_mode, floor)

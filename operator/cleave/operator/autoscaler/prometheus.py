@@ -1,6 +1,6 @@
 """A Prometheus server as the autoscaler's signal source, instead of scraping every pod.
 
-The same figures as :class:`~cleave.operator.autoscaler.signals.SignalCollector`, asked of
+The same figures as :class:`~cleave.autoscaling.signals.SignalCollector`, asked of
 Prometheus: p90 latency from ``histogram_quantile`` over ``rate()`` of the buckets, token rates,
 mean KV usage and the queues (the role's workers plus the router's held requests). Series are
 selected by the labels the chart's ServiceMonitor gives them: ``namespace`` and ``llmservice``
@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from cleave.operator.autoscaler.policy import DECODE, PREFILL, RoleSignals
-from cleave.operator.autoscaler.signals import (
+from cleave.autoscaling.policy import DECODE, PREFILL, RoleSignals
+from cleave.autoscaling.signals import (
     GENERATION_TOKENS,
     KV_USAGE,
     PROMPT_TOKENS,

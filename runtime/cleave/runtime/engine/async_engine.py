@@ -9,6 +9,7 @@ request fails at once with a :class:`RequestError` and never reaches the loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import queue
 import threading
@@ -62,7 +63,11 @@ class AsyncEngine:
         if self._dead is not None:
             raise EngineDeadError(f"engine loop stopped: {self._dead!r}")
         rid = request_id or f"req-{next(self._ids)}"
-        seq = self.engine.make_sequence(rid, prompt, params, prefill_only=prefill_only, kv=kv)
+        make = functools.partial(self.engine.make_sequence, rid, prompt, params,
+                                 prefill_only=prefill_only, kv=kv)
+        # A grammar compiles here (llguidance's view of the tokenizer once, about a second; a
+        # large schema in tens of milliseconds): off the event loop, other streams go on.
+        seq = await asyncio.to_thread(make) if params.grammar is not None else make()
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._lock:
             # Checked under the lock the dying loop also takes: a request can never slip in

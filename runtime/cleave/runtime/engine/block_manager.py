@@ -27,6 +27,10 @@ class BlockManager:
         self.hash_to_block: dict[bytes, int] = {}
         # Insertion order is eviction order: least recently freed first.
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Prefix-cache lookups of admitted sequences, in tokens (vLLM's prefix_cache_queries
+        # and _hits): plain ints the worker exports, so this module stays metrics-free.
+        self.prefix_queried_tokens = 0
+        self.prefix_hit_tokens = 0
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -86,6 +90,9 @@ class BlockManager:
         seq.block_table = hits + [self._take_free_block() for _ in range(fresh)]
         seq.num_cached_tokens = len(hits) * self.block_size
         seq.num_computed_tokens = seq.num_cached_tokens
+        # Counted on admission only: a sequence refused for room is looked up again later.
+        self.prefix_queried_tokens += seq.num_tokens
+        self.prefix_hit_tokens += seq.num_cached_tokens
         return True
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:

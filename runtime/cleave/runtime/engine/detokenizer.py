@@ -10,10 +10,46 @@ from __future__ import annotations
 from typing import Any
 
 
+class _StopMatcher:
+    """Knuth-Morris-Pratt over the output as it grows: ``state`` is the longest prefix of the
+    stop string that ends the text so far. Each new character costs O(1) amortized whatever
+    the stop string's length, where searching the text's tail and testing each of its
+    suffixes cost O(length) and O(length^2) per token (issue 15: long stop strings froze the
+    engine thread)."""
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        self.fail = [0] * len(stop)  # fail[i]: the longest proper border of stop[:i + 1]
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = self.fail[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            self.fail[i] = k
+        self.state = 0
+
+    def feed(self, text: str, start: int) -> int | None:
+        """Advance over ``text[start:]``; where the first complete match begins, or None."""
+        stop, fail, k = self.stop, self.fail, self.state
+        for i in range(start, len(text)):
+            c = text[i]
+            while k and stop[k] != c:
+                k = fail[k - 1]
+            if stop[k] == c:
+                k += 1
+            if k == len(stop):
+                self.state = k
+                return i + 1 - k
+        self.state = k
+        return None
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, stop: tuple[str, ...] = ()) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
+        self._matchers = [_StopMatcher(s) for s in stop]
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
@@ -35,13 +71,12 @@ class IncrementalDetokenizer:
             return
         delta = full[len(prefix):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
+        start = len(self.text)
         self.text += delta
-        for s in self.stop:
-            at = self.text.find(s, search_from)
-            if at != -1:
-                self.text = self.text[:at]
-                self.stopped = True
+        found = [at for m in self._matchers if (at := m.feed(self.text, start)) is not None]
+        if found:
+            self.text = self.text[:min(found)]
+            self.stopped = True
 
     def replay(self, token_ids: list[int]) -> None:
         """Feed tokens whose text was already handed out, one by one as it was: what they
@@ -52,13 +87,7 @@ class IncrementalDetokenizer:
 
     def _holdback(self) -> int:
         """Chars at the end of ``text`` that might still grow into a stop string."""
-        best = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(self.text)), best, -1):
-                if self.text.endswith(s[:n]):
-                    best = n
-                    break
-        return best
+        return max((m.state for m in self._matchers), default=0)
 
     def take_delta(self, final: bool) -> str:
         """Text not yet handed out; everything when ``final``."""

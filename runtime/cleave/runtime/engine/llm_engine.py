@@ -8,8 +8,10 @@ into its pool and continues decoding. Run in two processes, that is prefill/deco
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -17,11 +19,19 @@ from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
 from cleave.kv_store.codec import header_size
 from cleave.runtime.engine.block_manager import BlockManager
 from cleave.runtime.engine.config import EngineConfig, GiB
+from cleave.runtime.engine.dense.decoder import PagedDecoder
+from cleave.runtime.engine.dense.graphs import DecodeGraphs
 from cleave.runtime.engine.detokenizer import IncrementalDetokenizer
-from cleave.runtime.engine.kv_pool import KVPool
-from cleave.runtime.engine.llama import LlamaShape, PagedLlama
+from cleave.runtime.engine.grammar import Grammars
+from cleave.runtime.engine.kv_pool import KVPool, default_budget
 from cleave.runtime.engine.model_runner import ModelRunner
-from cleave.runtime.engine.outputs import Completion, KVHandoff, RequestOutput
+from cleave.runtime.engine.models import build_model, check_parallel
+from cleave.runtime.engine.outputs import Completion, KVHandoff, RequestOutput, RequestTimes
+from cleave.runtime.engine.paged_model import PagedModel
+from cleave.runtime.engine.parallel import leader as parallel
+from cleave.runtime.engine.parallel.follower import rank_device
+from cleave.runtime.engine.parallel.leader import Followers
+from cleave.runtime.engine.parallel.shard import Shard
 from cleave.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from cleave.runtime.engine.sequence import (
     FinishReason,
@@ -30,8 +40,10 @@ from cleave.runtime.engine.sequence import (
     Sequence,
     TokenLogprob,
 )
+from cleave.runtime.engine.shape import ModelShape
 from cleave.runtime.models.device import resolve_device, resolve_dtype
 from cleave.runtime.models.loader import (
+    ModelFiles,
     Progress,
     load_config,
     load_state_dict,
@@ -49,6 +61,22 @@ class EngineStats:
     preemptions: int = 0
 
 
+@dataclass
+class _Clock:
+    """A request's events in this engine, on the monotonic clock (vLLM's QUEUED, first
+    SCHEDULED, first and last NEW_TOKENS)."""
+
+    queued: float
+    scheduled: float | None = None
+    first_token: float | None = None
+
+    def times(self, now: float) -> RequestTimes:
+        scheduled = self.scheduled if self.scheduled is not None else now
+        first = self.first_token if self.first_token is not None else now
+        return RequestTimes(queue=scheduled - self.queued, prefill=first - scheduled,
+                            decode=now - first, inference=now - scheduled)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, progress: Progress = log_to_stderr) -> None:
         torch.set_num_threads(config.num_threads)
@@ -56,35 +84,47 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         progress(f"loading model '{config.model}' ({self.dtype}, {self.device})")
-        files = resolve_model(config.model, config.cache_dir, progress)
+        files = resolve_model(config.model, config.cache_dir, progress, config.revision)
         self.model_files = files
         hf_config, shape = load_config(files)
-        self.shape: LlamaShape = shape
+        self.shape: ModelShape = shape
         self.hf_config = hf_config
         self.tokenizer = load_tokenizer(files)
-        self.model = PagedLlama(shape, load_state_dict(files), self.dtype, self.device)
         self.max_model_len = min(config.max_model_len or shape.max_position_embeddings,
                                  shape.max_position_embeddings)
-        self.pool = KVPool.from_budget(shape, self._kv_budget(), config.block_size,
-                                       self.dtype, self.device)
+        self._followers: Followers | None = None
+        if config.tensor_parallel_size == 1:
+            self.model: PagedModel = build_model(hf_config, load_state_dict(files), self.dtype,
+                                                 self.device)
+            self.pool = KVPool.from_budget(self.model.kv_layout, self._kv_budget(),
+                                           config.block_size, self.dtype, self.device)
+        else:
+            self.model, self.pool = self._load_parallel(files, hf_config)
+        layout = self.model.kv_layout
         self.fingerprint = KVFingerprint(
             model_name=files.name, weights_digest=files.weights_digest,
-            dtype=str(self.dtype).removeprefix("torch."), num_layers=shape.num_layers,
-            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+            dtype=str(self.dtype).removeprefix("torch."), num_layers=layout.num_layers,
+            num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim,
             block_size=config.block_size, salt=config.salt)
         self.root_hash = self.fingerprint.root_hash()
-        self.block_manager = BlockManager(self.pool.num_blocks, config.block_size, self.root_hash)
+        self.graphs = self._decode_graphs()
+        # With graphs the pool's last block is their padded rows' scratch space.
+        usable = self.pool.num_blocks - (self.graphs is not None)
+        self.block_manager = BlockManager(usable, config.block_size, self.root_hash)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len), self.block_manager)
-        self.runner = ModelRunner(self.model, self.pool)
-        self.block_shape = (shape.num_layers, 2, shape.num_kv_heads, config.block_size,
-                            shape.head_dim)
+        self.runner = ModelRunner(self.model, self.pool, self.graphs)
+        self.block_shape = layout.block_shape(config.block_size)
         # Exported blocks leave room for the store's header in front of each (zero-copy puts).
         self.export_header_room = header_size(len(self.block_shape))
         self.eos_token_ids = self._eos_ids()
+        self.grammars = Grammars(self.tokenizer, self.shape.vocab_size, self.eos_token_ids)
         self.stats = EngineStats()
+        # Called on the engine thread with each step's token count (the worker's histogram).
+        self.step_observer: Callable[[int], None] | None = None
+        self._clocks: dict[str, _Clock] = {}
         self._sequences: dict[str, Sequence] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._handoffs: dict[str, KVHandoff] = {}
@@ -92,12 +132,40 @@ class LLMEngine:
                  f"x {config.block_size} tokens ({self.pool.nbytes / GiB:.2f} GiB)")
 
     def _kv_budget(self) -> int:
-        if self.config.kv_cache_bytes is not None:
-            return self.config.kv_cache_bytes
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.8)
-        return 1 * GiB
+        return default_budget(self.config.kv_cache_bytes, self.device)
+
+    def _load_parallel(self, files: ModelFiles, hf_config: Any) -> tuple[PagedModel, KVPool]:
+        """Rank 0 of ``tensor_parallel_size``: followers load their shards while this one
+        does; the returned model and pool drive every rank (``engine/parallel``)."""
+        size = self.config.tensor_parallel_size
+        check_parallel(hf_config, size)  # refuse before any process starts
+        self.device = rank_device(self.device, 0)
+        self._followers = followers = parallel.start(self.config, files, self.dtype, self.device)
+        try:
+            model = build_model(hf_config, load_state_dict(files), self.dtype, self.device,
+                                Shard(0, size))
+            return parallel.join(followers, model, self._kv_budget(), self.config.block_size,
+                                 self.dtype, self.device)
+        except BaseException:
+            self.close()
+            raise
+
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        mode, bs = self.config.decode_graphs, self.config.block_size
+        if mode == "off" or (mode == "auto" and self.device.type != "cuda"):
+            return None
+        model = self.model
+        if not isinstance(model, PagedDecoder) or model.spec.moe is not None \
+                or model.shard is not None or self.pool.num_blocks < 2:
+            return None  # experts read counts on the host; ranks step through pipes
+        return DecodeGraphs(model, self.pool.k, self.pool.v, bs, self.pool.num_blocks - 1,
+                            -(-self.max_model_len // bs), capture=self.device.type == "cuda")
+
+    def close(self) -> None:
+        """Stop the tensor-parallel follower ranks, if any (they also exit with this process)."""
+        if self._followers is not None:
+            self._followers.close()
+            self._followers = None
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -129,6 +197,9 @@ class LLMEngine:
             raise RequestError("the prompt is empty")
         if any(not 0 <= t < self.shape.vocab_size for t in ids):
             raise RequestError(f"prompt token ids must be in [0, {self.shape.vocab_size})")
+        if params.max_token_id() >= self.shape.vocab_size:
+            raise RequestError(f"logit_bias and stop_token_ids name token ids in "
+                               f"[0, {self.shape.vocab_size})")
         total = len(ids) + params.max_tokens
         if len(ids) >= self.max_model_len or total > self.max_model_len:
             raise RequestError(
@@ -140,6 +211,8 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(request_id, ids, len(ids), params, eos_token_ids=self.eos_token_ids,
                        prefill_only=prefill_only, sampling_seed=seed)
+        if params.grammar is not None:
+            seq.constraint = self.grammars.constraint(params.grammar)
         if kv is not None:
             if kv.first_token is not None:
                 out = kv.output_tokens
@@ -178,6 +251,7 @@ class LLMEngine:
         if seq.request_id in self._sequences:
             raise RequestError(f"request id '{seq.request_id}' is already in use")
         self._sequences[seq.request_id] = seq
+        self._clocks[seq.request_id] = _Clock(time.monotonic())
         self._detok[seq.request_id] = IncrementalDetokenizer(self.tokenizer, seq.params.stop)
         if kv is not None and kv.first_token is not None:
             # The caller has these tokens' text, exactly as far as a detokenizer fed them one by
@@ -201,6 +275,7 @@ class LLMEngine:
         self._sequences.pop(request_id, None)
         self._detok.pop(request_id, None)
         self._handoffs.pop(request_id, None)
+        self._clocks.pop(request_id, None)
 
     @property
     def has_unfinished(self) -> bool:
@@ -218,8 +293,11 @@ class LLMEngine:
             kv = self._handoffs.pop(load.seq.request_id)
             self.pool.import_blocks(load.seq.block_table[load.first:load.end],
                                     kv.blocks[load.first:load.end])
+        self._stamp((c.seq for c in out.chunks), first_token=False)
         self.stats.steps += 1
         self.stats.preemptions += len(out.preempted)
+        if self.step_observer is not None:
+            self.step_observer(out.num_tokens)
         self.stats.prompt_tokens_computed += sum(
             max(0, min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - c.start)
             for c in out.chunks)
@@ -227,6 +305,7 @@ class LLMEngine:
         exports = {id(s): self._export(s, t, lp) for s, t, lp in zip(seqs, tokens, logprobs,
                                                                    strict=True) if s.prefill_only}
         self.scheduler.commit(out, {id(s): t for s, t in zip(seqs, tokens, strict=True)})
+        self._stamp(seqs, first_token=True)
         self.stats.generated_tokens += len(seqs)
         results = []
         for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
@@ -234,6 +313,18 @@ class LLMEngine:
                 seq.logprobs.append(lp)
             results.append(self._output(seq, [token], [lp] if lp else [], exports.get(id(seq))))
         return results
+
+    def _stamp(self, seqs: Iterable[Sequence], first_token: bool) -> None:
+        """Stamp first scheduled (or first token) on these requests' clocks, once each."""
+        now = time.monotonic()
+        for seq in seqs:
+            clock = self._clocks.get(seq.request_id)
+            if clock is None:
+                continue
+            if first_token and clock.first_token is None:
+                clock.first_token = now
+            elif not first_token and clock.scheduled is None:
+                clock.scheduled = now
 
     def _export(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> KVHandoff:
         n = seq.num_prompt_tokens // self.config.block_size
@@ -256,6 +347,8 @@ class LLMEngine:
             num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens,
             new_logprobs=new_lps, handoff=handoff)
         if finished:
+            clock = self._clocks.get(seq.request_id)
+            out.times = clock.times(time.monotonic()) if clock is not None else None
             self._release(seq.request_id)
         return out
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import torch
 
+from cleave.runtime.engine.dense.graphs import DecodeGraphs
 from cleave.runtime.engine.kv_pool import KVPool
-from cleave.runtime.engine.llama import AttentionBatch, DecodeGroup, PagedLlama
+from cleave.runtime.engine.paged_model import AttentionBatch, DecodeGroup, PagedModel
 from cleave.runtime.engine.sampler import sample
 from cleave.runtime.engine.scheduler import ScheduledChunk, SchedulerOutput
 from cleave.runtime.engine.sequence import Sequence, TokenLogprob
 
 
 class ModelRunner:
-    def __init__(self, model: PagedLlama, pool: KVPool) -> None:
+    def __init__(self, model: PagedModel, pool: KVPool, graphs: DecodeGraphs | None = None
+                 ) -> None:
         self.model = model
         self.pool = pool
+        self.graphs = graphs
         self.block_size = pool.block_size
         self.device = model.device
 
@@ -55,7 +58,7 @@ class ModelRunner:
             lengths = self._tensor([c.start + 1 for c in members])
             span = torch.arange(width * bs, device=self.device)
             mask = (span[None, :] < lengths[:, None])[None, :, None, :]
-            groups.append(DecodeGroup(lo, hi - lo, tables, mask))
+            groups.append(DecodeGroup(lo, hi - lo, tables, mask, lengths))
         prefill_specs: list[tuple[int, int, int, torch.Tensor | None, torch.Tensor | None]] = []
         for c in prefills:
             first = len(ids)
@@ -84,8 +87,12 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> tuple[list[Sequence], list[int],
                                                      list[TokenLogprob | None]]:
         """Run the forward for the scheduled chunks and sample; returns (seqs, tokens, logprobs)."""
-        input_ids, batch, sampled = self.prepare(out.chunks)
-        logits = self.model.forward(input_ids, batch, self.pool.k, self.pool.v)
+        shape = None if self.graphs is None else self.graphs.shape_for(out.chunks)
+        if shape is not None and self.graphs is not None:
+            logits, sampled = self.graphs.run(out.chunks, shape)
+        else:
+            input_ids, batch, sampled = self.prepare(out.chunks)
+            logits = self.model.forward(input_ids, batch, self.pool.k, self.pool.v)
         tokens, logprobs = sample(logits, sampled)
         return sampled, tokens, logprobs
 

@@ -37,6 +37,18 @@ class KVHandoff:
         return [] if self.first_token is None else [*self.earlier_tokens, self.first_token]
 
 
+@dataclass(frozen=True)
+class RequestTimes:
+    """Where a finished request's time went in this engine (seconds, vLLM's intervals):
+    waiting to be scheduled, scheduled to its first token here, first token to last, and
+    scheduled to last. A request that finished before any step has zeros after the queue."""
+
+    queue: float
+    prefill: float
+    decode: float
+    inference: float
+
+
 @dataclass
 class RequestOutput:
     """What one step added to one request."""
@@ -51,6 +63,7 @@ class RequestOutput:
     num_cached_tokens: int
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     handoff: KVHandoff | None = None
+    times: RequestTimes | None = None  # on the last output only
 
 
 @dataclass

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the grammar module needs no torch either, but imports this one
+    from cleave.runtime.engine.grammar import Constraint
 
 MAX_LOGPROBS = 20
 GREEDY_BELOW_TEMPERATURE = 1e-5  # as vLLM's sampling epsilon
+MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range is [-2, 2]
+MAX_REPETITION_PENALTY = 100.0  # vLLM only asks > 0; far past any useful value, and finite
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]
+# Entries of logit_bias and stop_token_ids: each costs a little on every step it is applied.
+MAX_TOKEN_ID_LIST = 1024
 
 
 class RequestError(ValueError):
@@ -28,6 +38,18 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; n: the chosen token's plus the top n
+    # OpenAI's penalties, over the output so far: logit -= frequency * count + presence * seen.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's (and HF's), over prompt and output: a seen token's logit is divided by it when
+    # positive, multiplied when negative. 1 is off.
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_p: float = 0.0  # drop tokens less likely than min_p times the likeliest
+    min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many tokens
+    # Structured output: llguidance's grammar text (JSON schema, regex or choice, compiled by
+    # the router); every token is one the grammar allows, and EOS only once it is complete.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -43,6 +65,51 @@ class SamplingParams:
             raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
+        if self.grammar is not None and self.ignore_eos:
+            # A complete grammar allows only EOS: ignoring it would leave nothing to sample.
+            raise RequestError("ignore_eos cannot be combined with a structured output")
+        self._check_logit_rules()
+
+    def _check_logit_rules(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise RequestError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got "
+                                   f"{getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise RequestError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], "
+                               f"got {self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise RequestError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got "
+                               f"{self.min_tokens}")
+        if len(self.logit_bias) > MAX_TOKEN_ID_LIST or \
+                len(self.stop_token_ids) > MAX_TOKEN_ID_LIST:
+            raise RequestError(f"logit_bias and stop_token_ids take at most "
+                               f"{MAX_TOKEN_ID_LIST} token ids each")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise RequestError("stop_token_ids must be >= 0")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise RequestError(f"logit_bias maps token ids >= 0 to biases in "
+                                   f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {token}: {bias}")
+
+    # Cached: read for every row of every step (a frozen dataclass's __dict__ still takes it).
+    @functools.cached_property
+    def penalized(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    @functools.cached_property
+    def adjusts_logits(self) -> bool:
+        """Whether the logits change before the choice (the sampler's per-row work): greedy
+        and plain sampling skip it, which keeps the common decode step as it was."""
+        return (self.penalized or bool(self.logit_bias) or self.min_tokens > 0
+                or self.grammar is not None)
+
+    def max_token_id(self) -> int:
+        """The largest token id the parameters name (-1: none), to check against the vocab."""
+        return max([*self.stop_token_ids, *(t for t, _ in self.logit_bias)], default=-1)
 
     @property
     def greedy(self) -> bool:
@@ -102,6 +169,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    constraint: Constraint | None = None  # params.grammar's matcher, set by the engine
     arrival: int = field(default_factory=lambda: next(_arrival_counter))
 
     @property

@@ -7,9 +7,13 @@ coefficient of variation of the gaps is ``1 / shape``), the usual way serving be
 bursty traffic. Open loop keeps sending whatever the server's latency, so queueing shows up in
 the measured latencies, as it would for real users.
 
-Closed loop (``--concurrency``): a fixed number of requests in flight; each finished request is
-replaced at once. This measures capacity at a given load, but hides queueing: a slow server just
-receives requests more slowly.
+Closed loop (``--concurrency`` alone): a fixed number of requests in flight; each finished
+request is replaced at once. This measures capacity at a given load, but hides queueing: a slow
+server just receives requests more slowly.
+
+Both (``--rate`` with ``--concurrency``, vLLM's ``--request-rate`` with ``--max-concurrency``):
+open-loop arrivals, but a request that arrives while ``max_concurrency`` are in flight waits at
+the client until one ends, as when a gateway caps what reaches the server.
 """
 
 from __future__ import annotations
@@ -24,16 +28,20 @@ POISSON_SHAPE = 1.0
 
 @dataclass(frozen=True)
 class OpenLoop:
-    """Send at ``rate`` requests/s on average; ``shape`` is the gamma shape of the gaps."""
+    """Send at ``rate`` requests/s on average; ``shape`` is the gamma shape of the gaps;
+    ``max_concurrency``: at most this many in flight (None: no cap)."""
 
     rate: float
     shape: float = POISSON_SHAPE
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
             raise ValueError(f"the request rate must be a positive number, not {self.rate}")
         if not (self.shape > 0 and math.isfinite(self.shape)):
             raise ValueError(f"the burstiness (gamma shape) must be positive, not {self.shape}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"the concurrency must be at least 1, not {self.max_concurrency}")
 
     @property
     def is_poisson(self) -> bool:
@@ -76,4 +84,11 @@ def describe(schedule: Schedule) -> str:
     if isinstance(schedule, ClosedLoop):
         return f"fixed concurrency {schedule.concurrency}"
     kind = "Poisson" if schedule.is_poisson else f"bursty (gamma shape {schedule.shape:g})"
-    return f"{schedule.rate:g} req/s, {kind} arrivals"
+    cap = (f", at most {schedule.max_concurrency} in flight"
+           if schedule.max_concurrency is not None else "")
+    return f"{schedule.rate:g} req/s, {kind} arrivals{cap}"
+
+
+def max_concurrency(schedule: Schedule) -> int | None:
+    """The most requests the schedule lets be in flight (None: unbounded)."""
+    return schedule.concurrency if isinstance(schedule, ClosedLoop) else schedule.max_concurrency

@@ -41,11 +41,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def distribution(values_s: Iterable[float]) -> dict[str, float] | None:
-    """count, mean, min, p50..p99, max in milliseconds; None when there are no values."""
+    """count, mean, std, min, p50..p99, max in milliseconds; None when there are no values.
+    ``std`` is the population standard deviation (numpy's default, as vLLM reports it)."""
     ms = sorted(v * 1000.0 for v in values_s)
     if not ms:
         return None
-    out = {"count": float(len(ms)), "mean": sum(ms) / len(ms), "min": ms[0]}
+    mean = sum(ms) / len(ms)
+    out = {"count": float(len(ms)), "mean": mean,
+           "std": math.sqrt(sum((v - mean) ** 2 for v in ms) / len(ms)), "min": ms[0]}
     out.update({f"p{q}": percentile(ms, q) for q in PERCENTILES})
     out["max"] = ms[-1]
     return out

@@ -3,11 +3,18 @@ reached, then waits for those in flight (each bounded by the client's timeout).
 
 Setting ``stop`` (the CLI does on Ctrl-C) stops at once: requests still in flight are cancelled
 and recorded as ``cancelled``, and the records gathered so far are returned.
+
+Warm-up requests (:func:`warm_up`) run before, to completion, and are returned apart: nothing
+of them reaches the measured records, and the measured clock starts after them.
+
+Under an open loop with a concurrency cap, a request's latencies run from when it is sent, after
+its wait for a free slot (as vLLM measures); the wait shows in the throughput instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from dataclasses import dataclass
@@ -18,7 +25,7 @@ from cleave.runtime.loadgen.arrivals import ClosedLoop, OpenLoop, Schedule, arri
 from cleave.runtime.loadgen.client import ClientConfig, send
 from cleave.runtime.loadgen.progress import Progress
 from cleave.runtime.loadgen.record import CANCELLED, RequestRecord
-from cleave.runtime.loadgen.workload import Workload
+from cleave.runtime.loadgen.workload import RequestSpec, Workload
 
 
 @dataclass(frozen=True)
@@ -59,21 +66,26 @@ class _Run:
         self.progress = progress
         self.records: list[RequestRecord] = []
         self.start = time.perf_counter()
+        self.slots: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
 
-    async def one(self, index: int) -> None:
-        spec = self.workload.request(index)
-        self.progress.on_sent()
-        sent = time.perf_counter()
-        try:
-            r = await send(self.session, self.cfg, spec, self.start)
-        except asyncio.CancelledError:
-            self.records.append(RequestRecord(index, sent - self.start, time.perf_counter() - sent,
-                                              error=CANCELLED, error_detail="interrupted"))
-            raise
+    async def one(self, index: int, spec: RequestSpec | None = None) -> None:
+        spec = spec or self.workload.request(index)
+        async with self.slots:
+            self.progress.on_sent()
+            sent = time.perf_counter()
+            try:
+                r = await send(self.session, self.cfg, spec, self.start)
+            except asyncio.CancelledError:
+                self.records.append(RequestRecord(index, sent - self.start,
+                                                  time.perf_counter() - sent,
+                                                  error=CANCELLED, error_detail="interrupted"))
+                raise
         self.records.append(r)
         self.progress.on_finished(r.ok)
 
     async def open_loop(self, schedule: OpenLoop, seed: int) -> None:
+        if schedule.max_concurrency is not None:
+            self.slots = asyncio.Semaphore(schedule.max_concurrency)
         # The TaskGroup cancels and awaits every request in flight if this task is cancelled.
         async with asyncio.TaskGroup() as tg:
             for index, offset in enumerate(arrival_offsets(schedule, seed)):
@@ -94,6 +106,24 @@ class _Run:
         async with asyncio.TaskGroup() as tg:
             for _ in range(schedule.concurrency):
                 tg.create_task(user())
+
+
+async def warm_up(session: aiohttp.ClientSession, cfg: ClientConfig, workload: Workload,
+                  count: int, concurrency: int, progress: Progress) -> tuple[RequestRecord, ...]:
+    """Send ``count`` warm-up requests (``workload.warmup``), ``concurrency`` at a time, and
+    wait for all of them; their records are returned apart from any measured run's."""
+    r = _Run(session, cfg, workload, Limits(count), progress)
+    progress.start = r.start
+    specs = iter([workload.warmup(i) for i in range(count)])
+
+    async def user() -> None:
+        for spec in specs:  # one shared iterator: each spec is sent once
+            await r.one(spec.index, spec)
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(max(1, min(concurrency, count))):
+            tg.create_task(user())
+    return tuple(r.records)
 
 
 async def run(session: aiohttp.ClientSession, cfg: ClientConfig, workload: Workload,

@@ -36,6 +36,10 @@ def format_summary(report: dict[str, Any]) -> str:
               f"{req['without_usage']} requests without usage: text chunks counted instead")
     tok = report["tokens"]
     lines.append(_line("Tokens", f"prompt {tok['prompt']:,}, output {tok['output']:,} ({source})"))
+    warm = report.get("warmup") or {}
+    if warm.get("sent"):
+        lines.append(_line("Warm-up", f"{warm['sent']} requests before the measured ones "
+                                      f"({warm['failed']} failed), not in any figure"))
     lines.append(_line("Throughput", f"{thr['requests_per_s']:.2f} req/s, "
                                      f"{thr['output_tokens_per_s']:.1f} output tok/s, "
                                      f"{thr['total_tokens_per_s']:.1f} total tok/s"))
@@ -44,6 +48,12 @@ def format_summary(report: dict[str, Any]) -> str:
         lines.append(_line("Goodput", f"{good['requests_per_s']:.2f} req/s "
                                       f"({good['attainment']:.0%} of requests within "
                                       f"{_slo_text(report['slo'])})"))
+    server = report.get("server")
+    if server and server["kv_store_hit_rate"] is not None:
+        lines.append(_line("KV store", f"hit rate {server['kv_store_hit_rate']:.1%} of prompt "
+                                       f"tokens ({server['kv_store_prefix_blocks']:,} prefix "
+                                       f"blocks read, {server['kv_store_handoff_blocks']:,} "
+                                       "handoff blocks)"))
     lines.append("")
     lines.append(f"{'Latency (ms)':<14}" + "".join(f"{c:>10}" for c in _COLUMNS))
     for label, key in _ROWS:

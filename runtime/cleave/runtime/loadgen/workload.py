@@ -1,9 +1,15 @@
 """What each request asks for: its prompt and its output length.
 
-Synthetic prompts are random common English words, so no tokenizer is needed and any server can
-be measured; most tokenizers spend about one token per such word, but the report only uses the
-token counts the server returns in ``usage``. Random words also keep prompts distinct, so a
-prefix cache does not make the benchmark look better than real traffic would.
+Synthetic prompts are random common English words, each one token for the served model's
+tokenizer (``tokens.py`` finds which), so a prompt of N words is N tokens. Random words keep
+prompts distinct, so a prefix cache does not make the benchmark look better than real traffic
+would; unless the workload asks for shared prefixes (:class:`SharedPrefix`): then request ``i``
+starts with prefix ``i mod N`` of ``prefix_len`` tokens and goes on with its own suffix, vLLM's
+``prefix_repetition`` workload, which shows what prefix reuse is worth.
+
+Warm-up requests (:meth:`Workload.warmup`) have the workload's lengths but prompts of their
+own, prefixes included: they warm the server up without filling its prefix cache for the
+measured requests.
 
 A prompts file is JSON Lines, one object per line: ``{"prompt": "..."}`` or, for the chat
 endpoint, ``{"messages": [{"role": "user", "content": "..."}]}``; either may carry
@@ -146,33 +152,93 @@ class RequestSpec:
     max_tokens: int
     prompt: str | None = None  # completions, or a chat turn with one user message
     messages: tuple[Message, ...] | None = None
-    prompt_words: int = 0  # synthetic prompts only: what was asked for, before tokenization
+    prompt_len: int = 0  # synthetic prompts only: tokens asked for, the prefix included
+    prefix: int | None = None  # shared-prefix workloads: which prefix it starts with
 
 
-def synthetic_prompt(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
+def synthetic_prompt(rng: random.Random, length: int, vocab: tuple[str, ...] = WORDS) -> str:
+    return " ".join(rng.choice(vocab) for _ in range(length))
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """``num_prefixes`` prompt prefixes of ``prefix_len`` tokens; request i uses i mod N."""
+
+    num_prefixes: int
+    prefix_len: int
+
+    def __post_init__(self) -> None:
+        if self.num_prefixes < 1:
+            raise ValueError(f"the number of shared prefixes must be at least 1, not "
+                             f"{self.num_prefixes}")
+        if self.prefix_len < 1:
+            raise ValueError(f"the prefix length must be at least 1 token, not {self.prefix_len}")
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Request ``i`` is the same for a given seed whatever order the requests are sent in."""
+    """Request ``i`` is the same for a given seed whatever order the requests are sent in.
+
+    ``vocab``: words that are one token each for the served model (``tokens.py``), so that
+    synthetic lengths are in tokens; ``prompt_len`` is the whole prompt's, or with ``shared``
+    the suffix's after the prefix.
+    """
 
     output_len: LengthDist
     prompt_len: LengthDist = LengthDist(128, 128)
     prompts: tuple[PromptEntry, ...] = ()  # from a file; empty: synthetic prompts
     seed: int = 0
+    shared: SharedPrefix | None = None
+    vocab: tuple[str, ...] = WORDS
 
-    def request(self, index: int) -> RequestSpec:
-        rng = random.Random(self.seed * 1_000_003 + index)
+    def prefix(self, k: int) -> str:
+        assert self.shared is not None
+        # A str seed is hashed with SHA-512: the same prefix in every process and run.
+        return synthetic_prompt(random.Random(f"prefix:{self.seed}:{k}"),
+                                self.shared.prefix_len, self.vocab)
+
+    def _spec(self, index: int, rng: random.Random, prefix: str | None,
+              prefix_id: int | None) -> RequestSpec:
         if self.prompts:
             entry = self.prompts[index % len(self.prompts)]
             max_tokens = entry.max_tokens or self.output_len.sample(rng)
             return RequestSpec(index, max_tokens, prompt=entry.prompt, messages=entry.messages)
-        words = self.prompt_len.sample(rng)
-        return RequestSpec(index, self.output_len.sample(rng),
-                           prompt=synthetic_prompt(rng, words), prompt_words=words)
+        length = self.prompt_len.sample(rng)
+        max_tokens = self.output_len.sample(rng)
+        text = synthetic_prompt(rng, length, self.vocab)
+        if prefix is None:
+            return RequestSpec(index, max_tokens, prompt=text, prompt_len=length)
+        assert self.shared is not None
+        return RequestSpec(index, max_tokens, prompt=f"{prefix} {text}",
+                           prompt_len=self.shared.prefix_len + length, prefix=prefix_id)
+
+    def request(self, index: int) -> RequestSpec:
+        rng = random.Random(self.seed * 1_000_003 + index)
+        if self.shared is None or self.prompts:
+            return self._spec(index, rng, None, None)
+        k = index % self.shared.num_prefixes
+        return self._spec(index, rng, self.prefix(k), k)
+
+    def warmup(self, index: int) -> RequestSpec:
+        """The workload's lengths with a prompt (and prefix) no measured request shares."""
+        rng = random.Random(f"warmup:{self.seed}:{index}")
+        if self.shared is None or self.prompts:
+            return self._spec(index, rng, None, None)
+        prefix = synthetic_prompt(random.Random(f"warmup-prefix:{self.seed}:{index}"),
+                                  self.shared.prefix_len, self.vocab)
+        return self._spec(index, rng, prefix, None)
+
+    def longest_prompt(self) -> str:
+        """A synthetic prompt of the longest length asked (to check the token arithmetic)."""
+        high = self.prompt_len.high + (self.shared.prefix_len if self.shared else 0)
+        return synthetic_prompt(random.Random(f"check:{self.seed}"), high, self.vocab)
 
     def describe(self) -> str:
-        source = (f"{len(self.prompts)} prompts from a file" if self.prompts
-                  else f"synthetic prompts of {self.prompt_len.describe()} words")
+        if self.prompts:
+            source = f"{len(self.prompts)} prompts from a file"
+        elif self.shared is not None:
+            source = (f"{self.shared.num_prefixes} shared prefixes of {self.shared.prefix_len} "
+                      f"tokens + suffixes of {self.prompt_len.describe()} tokens")
+        else:
+            source = f"synthetic prompts of {self.prompt_len.describe()} tokens"
         return f"{source}, output {self.output_len.describe()} tokens"

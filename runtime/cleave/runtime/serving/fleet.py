@@ -2,7 +2,7 @@
 
 Two pools (prefill and decode) are kept fresh by one poller: worker health and load, DNS
 names, and the workers file that ``cleave up --autoscale`` rewrites. With a hold timeout, a
-request that finds no decode worker ready waits here (counted in
+request that finds no worker ready waits here (counted in
 ``cleave_num_requests_waiting{role="router"}``, the demand an autoscaler reads to wake a role
 at zero) instead of failing, and gets a 503 if none turns ready in time.
 """
@@ -21,7 +21,8 @@ import aiohttp
 from cleave.runtime import metrics
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving.membership import parse_members
-from cleave.runtime.serving.upstream import WorkerPool
+from cleave.runtime.serving.routing import WorkerState
+from cleave.runtime.serving.upstream import PrefillSpeed, WorkerPool
 
 log = logging.getLogger("cleave.router")
 POLL_SECONDS = 1.0  # worker health and membership
@@ -38,13 +39,14 @@ class Fleet:
         self._wake_poller = asyncio.Event()
         self._members_error: str | None = None
         self._poller: asyncio.Task[None] | None = None
+        self.speed = PrefillSpeed()
         metrics.WAITING.labels("router").set_function(lambda: self.held)
         self.prefill: WorkerPool
         self.decode: WorkerPool
 
     async def start(self, session: aiohttp.ClientSession) -> None:
-        self.prefill = WorkerPool(self._urls[0], session)
-        self.decode = WorkerPool(self._urls[1], session)
+        self.prefill = WorkerPool(self._urls[0], session, self.speed)
+        self.decode = WorkerPool(self._urls[1], session, self.speed)
         self._read_members()
         await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
         self._poller = asyncio.create_task(self._poll())
@@ -82,23 +84,45 @@ class Fleet:
         self.prefill.set_listed(members["prefill"])
         self.decode.set_listed(members["decode"])
 
-    def decode_ready(self) -> bool:
-        return any(w.healthy for w in self.decode.snapshot())
+    # A worker is found through the pool of its home role (the list or DNS name it came
+    # from) and used in its current role, as it reports it (docs/autoscaling.md).
+    def decode_candidates(self) -> list[WorkerState]:
+        return [*(w for w in self.decode.snapshot() if w.role != "prefill"),
+                *(w for w in self.prefill.snapshot() if w.role in ("decode", "both"))]
 
-    async def hold_for_decode(self, rid: str) -> None:
-        """Scale from zero: wait for a first ready decode worker rather than fail at once."""
+    def prefill_candidates(self) -> list[WorkerState]:
+        return [*(w for w in self.prefill.snapshot() if w.role not in ("decode", "both")),
+                *(w for w in self.decode.snapshot() if w.role == "prefill")]
+
+    def pool_for(self, url: str) -> WorkerPool:
+        """The pool that tracks a worker (its calls must go through it)."""
+        return self.decode if url in self.decode else self.prefill
+
+    def decode_ready(self) -> bool:
+        return any(w.healthy for w in self.decode_candidates())
+
+    def worker_ready(self) -> bool:
+        """Any worker can serve a request whole (a prefill worker when no decode one is up)."""
+        return self.decode_ready() or any(w.healthy for w in self.prefill.snapshot())
+
+    async def any_ready(self) -> bool:
+        await asyncio.gather(self.prefill.refresh(), self.decode.refresh())
+        return self.worker_ready()
+
+    async def hold_for_worker(self, rid: str) -> None:
+        """Scale from zero: wait for a first ready worker rather than fail at once."""
         timeout = self.hold_timeout_seconds
-        if timeout <= 0 or self.decode_ready():
+        if timeout <= 0 or self.worker_ready():
             return
-        log.info("request %s: no decode worker ready; holding it for up to %g s", rid, timeout)
+        log.info("request %s: no worker ready; holding it for up to %g s", rid, timeout)
         deadline = time.monotonic() + timeout
         self.held += 1
         self._wake_poller.set()  # poll now, and faster, while anything is held
         try:
-            while not self.decode_ready():
+            while not self.worker_ready():
                 if time.monotonic() >= deadline:
                     raise api.APIError(
-                        503, f"no decode worker became ready within {timeout:g} s (the service "
+                        503, f"no worker became ready within {timeout:g} s (the service "
                         "is starting or scaled to zero); retry shortly", "service_unavailable")
                 await asyncio.sleep(0.05)
         finally:

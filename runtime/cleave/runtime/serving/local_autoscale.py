@@ -8,6 +8,12 @@ router's list first (the workers file), then, once the router holds no request o
 on which the worker finishes what it has and exits. With ``--advisory`` nothing is changed:
 the decisions are only logged.
 
+Elastic roles (docs/autoscaling.md): with both roles and flips on, the per-role decisions are
+met by ``flips.plan_flips`` first: a warm worker the other role can spare is flipped
+(``POST /internal/role``, a second, no restart); only what flips cannot cover starts new
+workers. A worker is counted, scraped and planned in its current role; a restarted one is
+back in its home role.
+
 Each decision is told as the operator tells it, less the Kubernetes Event: the log line, the
 operator's metrics (``cleave_autoscaler_desired_replicas`` and ``_decisions_total``, with
 ``llmservice="cleave-up"``, ``namespace="local"``) and the ``status.autoscaler`` block, here a
@@ -27,11 +33,13 @@ from typing import Any
 
 import aiohttp
 
-from cleave.operator.autoscaler import metrics, report
-from cleave.operator.autoscaler.policy import Decision, ScalingState, decide, seed
-from cleave.operator.autoscaler.signals import SignalCollector, Target, collect
-from cleave.operator.status import PodCounts
+from cleave.autoscaling import metrics, report
+from cleave.autoscaling.flips import BOTH, FlipPlan, WorkerView, plan_flips
+from cleave.autoscaling.pods import PodCounts
+from cleave.autoscaling.policy import Decision, ScalingState, decide, seed
+from cleave.autoscaling.signals import SignalCollector, Target, collect
 from cleave.runtime.serving.autoscale_settings import AutoscaleSettings
+from cleave.runtime.serving.internal_auth import bearer
 from cleave.runtime.serving.local_processes import READY, STARTING, LocalProcess, Supervisor
 from cleave.runtime.serving.membership import write_atomically
 
@@ -42,12 +50,14 @@ WORKER_GRACE_SECONDS = 30.0  # `cleave worker --grace-period` default
 class LocalAutoscaler:
     def __init__(self, settings: AutoscaleSettings, supervisor: Supervisor, router_url: str,
                  api_key: str | None, drain_timeout_s: float,
-                 status_path: Path | None = None) -> None:
+                 status_path: Path | None = None, internal_token: str | None = None) -> None:
         self.settings = settings
         self.status_path = status_path
         self.sup = supervisor
         self.router_url = router_url
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # A flip is an /internal/* call: it carries the workers' token, not the API key.
+        self._internal = bearer(internal_token) if internal_token else {}
         self.drain_timeout_s = drain_timeout_s
         # Stale after a few missed scrapes, never sooner than a slow scrape could answer.
         self.collector = SignalCollector(settings.metrics_window_s,
@@ -56,6 +66,15 @@ class LocalAutoscaler:
         # What the operator keeps in status.autoscaler, in memory: which decisions were told.
         self.told: dict[str, Any] | None = None
         self._drains: set[asyncio.Task[None]] = set()
+        # Flipped workers: name -> (the process it was flipped in, its current role). Keyed
+        # by pid too, so a restarted process is back in its home role.
+        self._flipped: dict[str, tuple[int, str]] = {}
+        self._colocated = False  # the floor as last planned
+
+    def role_now(self, p: LocalProcess) -> str:
+        """A worker's current role: its home role unless this process was flipped."""
+        pid, role = self._flipped.get(p.name, (-1, p.role))
+        return role if pid == p.proc.pid else p.role
 
     def start(self, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=lambda: asyncio.run(self._run(stop)),
@@ -83,15 +102,16 @@ class LocalAutoscaler:
 
     async def tick(self, session: aiohttp.ClientSession) -> tuple[Decision, ...]:
         roles = self.settings.worker_roles
-        ready = {r: self.sup.workers([w], READY) for r, w in roles.items()}
+        live = self.sup.workers(sorted(set(roles.values())), READY)
+        # A worker serving both roles (the floor) is ready in each.
+        ready = {r: [p for p in live if self.role_now(p) in (w, BOTH)] for r, w in roles.items()}
         starting = {r: self.sup.workers([w], STARTING) for r, w in roles.items()}
         # The router's held requests are the demand of a role at zero: scrape it too.
-        scraped = [*(p for r in roles for p in ready[r]),
-                   *(p for p in self.sup.all() if p.role == "router")]
+        routers = [p for p in self.sup.all() if p.role == "router"]
         now = time.monotonic()
         signals = await collect(
-            self.collector, session, [Target(p.name, p.role, p.url + "/metrics")
-                                      for p in scraped],
+            self.collector, session, [Target(p.name, self.role_now(p), p.url + "/metrics")
+                                      for p in [*live, *routers]],
             {r: PodCounts(ready=len(ready[r]), starting=len(starting[r])) for r in roles},
             now, timeout_s=min(2.0, self.settings.interval_s))
         if self.state is None:
@@ -111,9 +131,13 @@ class LocalAutoscaler:
             self.sup.say(report.log_line("", change, role=roles[change.role]))
             metrics.count_decision(SERVICE, NAMESPACE, roles[change.role], change.direction,
                                    advisory)
-            if change.act:
-                self._apply(session, change.decision, ready[change.role],
-                            starting[change.role])
+        acting = [c for c in found if c.act]
+        # The floor (policy.decide's colocate) changes the workers without changing a count.
+        floor_moved = self.state.colocate != self._colocated
+        if (acting or floor_moved) and self.settings.flips:
+            await self._replan(session, {d.role: d.desired for d in decisions}, ready, starting)
+        for change in acting if not self.settings.flips else ():
+            self._apply(session, change.decision, ready[change.role], starting[change.role])
         if report.needs_write(self.told, found, advisory):
             self.told = report.status_block(
                 self.told, found, {d.role: d.desired for d in decisions}, advisory,
@@ -125,6 +149,53 @@ class LocalAutoscaler:
         """The status block as a file: written aside and renamed, so a reader never sees half."""
         if self.status_path is not None:
             write_atomically(self.status_path, json.dumps(block, indent=2) + "\n")
+
+    async def _replan(self, session: aiohttp.ClientSession, desired: Mapping[str, int],
+                      ready: Mapping[str, Sequence[LocalProcess]],
+                      starting: Mapping[str, Sequence[LocalProcess]]) -> FlipPlan:
+        """Meet the desired counts per current role: flips first, then new workers, then
+        drains of what is left over (the operator's plan, on local processes)."""
+        views = list({p.name: WorkerView(p.name, p.role, self.role_now(p), True)
+                      for procs in ready.values() for p in procs}.values())
+        views += [WorkerView(p.name, p.role, p.role, False)
+                  for procs in starting.values() for p in procs]
+        assert self.state is not None
+        plan = plan_flips(desired, views, self.state.colocate)
+        self._colocated = self.state.colocate
+        self.sup.say(f"autoscaler plan: {plan.reason}")
+        procs = {p.name: p for p in self.sup.all()}
+        for name, role in plan.flips:
+            await self._flip(session, procs[name], role)
+        for role, n in plan.start.items():
+            for _ in range(n):
+                try:
+                    p = self.sup.spawn_worker(self.settings.worker_roles[role])
+                except RuntimeError:
+                    return plan  # stopping
+                self.sup.say(f"starting {p.name} on {p.url}")
+        for name in plan.remove:
+            self._start_drain(session, procs[name])
+        return plan
+
+    async def _flip(self, session: aiohttp.ClientSession, p: LocalProcess, role: str) -> None:
+        try:
+            async with session.post(p.url + "/internal/role", json={"role": role},
+                                    headers=self._internal,
+                                    timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                ok = r.status == 200
+                detail = "" if ok else (await r.text())[:200]
+        except (aiohttp.ClientError, TimeoutError) as e:
+            ok, detail = False, type(e).__name__
+        if ok:
+            self._flipped[p.name] = (p.proc.pid, role)
+            self.sup.say(f"flipped {p.name} ({p.role} worker) to the {role} role")
+        else:
+            self.sup.say(f"could not flip {p.name} to {role}: {detail}")
+
+    def _start_drain(self, session: aiohttp.ClientSession, p: LocalProcess) -> None:
+        task = asyncio.create_task(self._drain(session, p))
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
 
     def _apply(self, session: aiohttp.ClientSession, d: Decision,
                ready: Sequence[LocalProcess], starting: Sequence[LocalProcess]) -> None:
@@ -138,9 +209,7 @@ class LocalAutoscaler:
             return
         # Cheapest first: a worker still starting holds no request; then the newest ones.
         for p in [*reversed(starting), *reversed(ready)][:d.current - d.desired]:
-            task = asyncio.create_task(self._drain(session, p))
-            self._drains.add(task)
-            task.add_done_callback(self._drains.discard)
+            self._start_drain(session, p)
 
     async def _drain(self, session: aiohttp.ClientSession, p: LocalProcess) -> None:
         was = self.sup.begin_drain(p)

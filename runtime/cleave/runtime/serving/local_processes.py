@@ -8,7 +8,6 @@ has begun nothing new starts, so Ctrl-C cannot race a scale-up into an orphan.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import socket
 import subprocess
@@ -16,9 +15,11 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cleave.common.settings import WorkerSettings
+from cleave.runtime.serving.gpus import VISIBLE, least_used
 from cleave.runtime.serving.membership import write_members
 
 MAX_WORKER_RESTARTS = 5  # per worker; a worker that keeps dying takes the platform down
@@ -29,17 +30,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def engine_flags(args: argparse.Namespace) -> list[str]:
-    flags = ["--model", args.model, "--dtype", args.dtype, "--device", args.device,
-             "--max-num-seqs", str(args.max_num_seqs),
-             "--max-batched-tokens", str(args.max_batched_tokens), "--threads", str(args.threads)]
-    if args.kv_cache_memory:
-        flags += ["--kv-cache-memory", args.kv_cache_memory]
-    if args.max_model_len:
-        flags += ["--max-model-len", str(args.max_model_len)]
-    return flags
 
 
 def answers_ready(url: str, timeout: float = 1.0) -> bool:
@@ -68,6 +58,7 @@ class LocalProcess:
     state: str = STARTING
     launched_at: float = 0.0
     restarts: int = 0
+    gpu: str | None = None  # its CUDA_VISIBLE_DEVICES, when cleave up spreads workers
 
     def launch(self) -> None:
         # Own session: a Ctrl-C in the terminal reaches cleave up alone, which then stops
@@ -80,12 +71,13 @@ class LocalProcess:
 
 
 class Supervisor:
-    def __init__(self, cli: Sequence[str], env: dict[str, str], worker_args: Sequence[str],
-                 workers_file: Path | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
+    def __init__(self, cli: Sequence[str], env: dict[str, str],
+                 worker: WorkerSettings, workers_file: Path | None = None,
+                 say: Callable[[str], None] | None = None, gpus: Sequence[str] = ()) -> None:
         self._cli = list(cli)
         self._env = env
-        self._worker_args = list(worker_args)  # --redis-url and the engine flags
+        self._worker = worker  # every worker's settings but its role and port
+        self._gpus = list(gpus)  # spread workers over these (gpus.py); empty: leave env as is
         self.workers_file = workers_file
         self._say = say or (lambda line: print(line, flush=True))
         self._lock = threading.Lock()
@@ -103,10 +95,14 @@ class Supervisor:
                 raise RuntimeError("stopping: no new workers")
             index = self._next_index.get(role, 0)
             self._next_index[role] = index + 1
-            port = free_port()
-            p = LocalProcess(f"{role}-{index}", role, f"http://127.0.0.1:{port}",
-                             [*self._cli, "worker", "--role", role, "--port", str(port),
-                              *self._worker_args], self._env)
+            settings = replace(self._worker, role=role, port=free_port())
+            env, gpu = self._env, None
+            if self._gpus:
+                gpu = least_used(self._gpus, [q.gpu for q in self._processes if q.gpu])
+                env = dict(env, **{VISIBLE: gpu})
+            p = LocalProcess(f"{role}-{index}", role,
+                             f"http://{settings.host}:{settings.port}",
+                             [*self._cli, "worker", *settings.to_args()], env, gpu=gpu)
             p.launch()
             self._processes.append(p)
             return p

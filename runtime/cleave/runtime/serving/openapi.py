@@ -8,18 +8,27 @@ given here) are the engine's, and answer 400 too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cleave.runtime.engine.sequence import MAX_LOGPROBS
+from cleave.runtime.engine.sequence import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_TOKEN_ID_LIST,
+)
+from cleave.runtime.serving import request_fields as fields
 from cleave.runtime.serving.protocol import (
     INT64_MAX,
     INT64_MIN,
+    MAX_CHOICES,
     MAX_STOP,
     MAX_TEMPERATURE,
     MAX_TOKENS_LIMIT,
     ROLES,
 )
+from cleave.runtime.serving.tools import MAX_TOOLS
 
 Schema = dict[str, Any]
 
@@ -42,14 +51,91 @@ _ERROR = _obj({"error": _obj({"message": _STRING, "type": _STRING,
 _USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
                "prompt_tokens_details": _obj({"cached_tokens": _INT})},
               ["prompt_tokens", "completion_tokens", "total_tokens"])
-_FINISH: Schema = {"enum": ["stop", "length"]}
+_FINISH: Schema = {"enum": ["stop", "length", "tool_calls"]}
+
+
+def _sampling() -> Schema:
+    """Penalties, logit bias and vLLM's sampling extensions (sampling_fields.py)."""
+    penalty = _opt("number", minimum=-MAX_PENALTY, maximum=MAX_PENALTY)
+    return {
+        "presence_penalty": penalty,
+        "frequency_penalty": penalty,
+        "logit_bias": _opt("object", maxProperties=MAX_TOKEN_ID_LIST,
+                           propertyNames={"pattern": "^[0-9]+$"},
+                           additionalProperties={"type": "number", "minimum": -MAX_LOGIT_BIAS,
+                                                 "maximum": MAX_LOGIT_BIAS}),
+        "repetition_penalty": _opt("number", exclusiveMinimum=0,
+                                   maximum=MAX_REPETITION_PENALTY,
+                                   description="Extension (vLLM's): over prompt and output."),
+        "min_p": _opt("number", minimum=0, maximum=1, description="Extension (vLLM's)."),
+        "min_tokens": _opt("integer", minimum=0, maximum=MAX_TOKENS_LIMIT,
+                           description="Extension (vLLM's): at most max_tokens."),
+        "stop_token_ids": _opt("array", maxItems=MAX_TOKEN_ID_LIST,
+                               items={"type": "integer", "minimum": 0},
+                               description="Extension (vLLM's)."),
+        **_structured(),
+    }
+
+
+def _structured() -> Schema:
+    """Structured outputs (structured_fields.py): at most one of these per request, and a
+    schema or regex that compiles (both checked there, answering 400 naming the field)."""
+    schema: Schema = {"type": "object"}
+    json_spec = _obj({"name": _STRING, "schema": schema}, ["schema"])
+    response_format = {"anyOf": [{"type": "null"}, *(
+        _obj({"type": {"const": kind}, **extra}, ["type", *extra])
+        for kind, extra in (("text", {}), ("json_object", {}),
+                            ("json_schema", {"json_schema": json_spec})))]}
+    guided_json = {"anyOf": [{"type": "null"}, schema, _STRING],
+                   "description": "Extension (vLLM's): a JSON schema, or its JSON text."}
+    regex = _opt("string", minLength=1, description="Extension (vLLM's).")
+    choice = _opt("array", minItems=1, items={"type": "string", "minLength": 1},
+                  description="Extension (vLLM's): the output is one of these.")
+    return {
+        "response_format": response_format, "guided_json": guided_json, "guided_regex": regex,
+        "guided_choice": choice,
+        "structured_outputs": _opt("object", minProperties=1, maxProperties=1,
+                                   additionalProperties=False, properties={
+                                       "json": guided_json, "regex": regex, "choice": choice,
+                                       "json_object": {"const": True}},
+                                   description="Extension (vLLM's): one of its keys."),
+    }
+
+
+def _tool_fields() -> Schema:
+    """Tool calling (tools.py): function tools and the choice of call, as far as a schema can
+    state them."""
+    name: Schema = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+    function = _obj({"name": name, "description": _STRING, "parameters": {"type": "object"},
+                     "strict": _opt("boolean", description="Only with 'required' or a named "
+                                    "tool_choice (the grammar holds it).")},
+                    ["name"], additionalProperties=False)
+    tool = _obj({"type": {"const": "function"}, "function": function}, ["type", "function"],
+                additionalProperties=False)
+    named = _obj({"type": {"const": "function"}, "function": _obj({"name": name}, ["name"])},
+                 ["type", "function"])
+    return {
+        "tools": _opt("array", maxItems=MAX_TOOLS, items=tool,
+                      description="Function names must differ."),
+        "tool_choice": {"anyOf": [{"type": "null"}, {"enum": ["none", "auto", "required"]},
+                                  named],
+                        "description": "A named function must be in tools."},
+        "parallel_tool_calls": _opt("boolean"),
+    }
+
+
+def _tool_calls() -> Schema:
+    """An assistant message's calls, as requests send them back and responses return them."""
+    call = _obj({"id": _STRING, "type": {"const": "function"},
+                 "function": _obj({"name": _STRING, "arguments": _STRING},
+                                  ["name", "arguments"])}, ["function"])
+    return {"type": "array", "items": call}
 
 
 def _common(models: Sequence[str]) -> Schema:
-    zero_only = _opt("number", minimum=0, maximum=0)  # accepted, but only as the no-op value
     return {
         "model": {"type": "string", "enum": list(models)} if models else _STRING,
-        "n": _opt("integer", minimum=1, maximum=1),
+        "n": _opt("integer", minimum=1, maximum=MAX_CHOICES),
         "temperature": _opt("number", minimum=0, maximum=MAX_TEMPERATURE),
         "top_p": _opt("number", exclusiveMinimum=0, maximum=1),
         "top_k": _opt("integer", minimum=-1, maximum=INT64_MAX,
@@ -61,10 +147,16 @@ def _common(models: Sequence[str]) -> Schema:
         "ignore_eos": _opt("boolean", description="Extension: generate past end-of-sequence."),
         "stream": _opt("boolean"),
         "stream_options": _opt("object", properties={"include_usage": _opt("boolean")}),
-        "presence_penalty": zero_only,
-        "frequency_penalty": zero_only,
-        "logit_bias": _opt("object", maxProperties=0),
+        **_sampling(),
     }
+
+
+def _extensions(no_ops: Mapping[str, tuple[object, ...]]) -> Schema:
+    """Fields accepted at no-op values only (request_fields.py), and those ignored whatever
+    their value; with ``additionalProperties: false``, any other field is refused, as there."""
+    ignored: Schema = {name: {} for name in sorted(fields.IGNORED)}
+    return {**ignored, **{name: {"enum": [None, *values]} if values else {"type": "null"}
+                          for name, values in no_ops.items()}}
 
 
 def _completion_request(models: Sequence[str], vocab_size: int | None) -> Schema:
@@ -75,32 +167,37 @@ def _completion_request(models: Sequence[str], vocab_size: int | None) -> Schema
     prompt = {"anyOf": [{"type": "string", "minLength": 1}, ids,
                         {"type": "array", "minItems": 1, "maxItems": 1,
                          "items": {"anyOf": [{"type": "string", "minLength": 1}, ids]}}]}
-    return _obj({**_common(models), "prompt": prompt, "max_tokens": _MAX_TOKENS,
+    return _obj({**_extensions(fields.COMPLETION_NO_OPS), **_common(models), "prompt": prompt,
+                 "max_tokens": _MAX_TOKENS,
                  "logprobs": _opt("integer", minimum=0, maximum=MAX_LOGPROBS),
-                 "echo": {"enum": [False, None]},
-                 "best_of": _opt("integer", minimum=1, maximum=1),
-                 "suffix": _opt("string", maxLength=0)}, ["model", "prompt"])
+                 "echo": _opt("boolean", description="Not with logprobs (no prompt logprobs)."),
+                 "best_of": _opt("integer", minimum=1, maximum=MAX_CHOICES,
+                                 description="At least n; greater than n only unstreamed."),
+                 "suffix": _opt("string", maxLength=0)}, ["model", "prompt"],
+                additionalProperties=False)
 
 
 def _chat_request(models: Sequence[str]) -> Schema:
     part = _obj({"type": {"const": "text"}, "text": _STRING}, ["type", "text"])
     content: Schema = {"anyOf": [_STRING, {"type": "array", "items": part}]}
-    others = [r for r in ROLES if r != "assistant"]
+    others = [r for r in ROLES if r not in ("assistant", "tool")]
     message = {"anyOf": [
-        _obj({"role": {"enum": others}, "content": content}, ["role", "content"]),
+        _obj({"role": {"enum": others}, "content": content, "tool_calls": {"type": "null"}},
+             ["role", "content"]),
+        _obj({"role": {"const": "tool"}, "content": content, "tool_call_id": _opt("string"),
+              "tool_calls": {"type": "null"}}, ["role", "content"]),
         # An assistant turn may have null content (OpenAI's tool-call turns).
         _obj({"role": {"const": "assistant"},
-              "content": {"anyOf": [*content["anyOf"], {"type": "null"}]}}, ["role"]),
+              "content": {"anyOf": [*content["anyOf"], {"type": "null"}]},
+              "tool_calls": {"anyOf": [{"type": "null"}, _tool_calls()]}}, ["role"]),
     ]}
-    return _obj({**_common(models),
+    return _obj({**_extensions(fields.CHAT_NO_OPS), **_common(models),
                  "messages": {"type": "array", "minItems": 1, "items": message},
                  "max_tokens": _MAX_TOKENS, "max_completion_tokens": _MAX_TOKENS,
                  "logprobs": _opt("boolean"),
                  "top_logprobs": _opt("integer", minimum=0, maximum=MAX_LOGPROBS),
-                 "tools": _opt("array", maxItems=0),
-                 "response_format": {"anyOf": [{"type": "null"}, _obj(
-                     {"type": {"const": "text"}}, ["type"], additionalProperties=False)]}},
-                ["model", "messages"])
+                 **_tool_fields()},
+                ["model", "messages"], additionalProperties=False)
 
 
 def _response(obj: str, choice: Schema) -> Schema:
@@ -134,6 +231,30 @@ def _get(summary: str, content: Schema | None = None) -> Schema:
         "200": ok, "default": {"description": "Not healthy or not ready (503)"}}}}
 
 
+def _vllm_paths(models: Sequence[str]) -> Schema:
+    """vLLM's own endpoints (vllm_api.py)."""
+    model = {"anyOf": [{"type": "null"}, _common(models)["model"]]}  # optional, as in vLLM
+    ids: Schema = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    text = _completion_request(models, None)["properties"]["prompt"]
+    messages = _chat_request(models)["properties"]["messages"]
+    special = _opt("boolean", description="Default: true with prompt, false with messages.")
+    tokenize = {"anyOf": [
+        _obj({"model": model, "prompt": text, "add_special_tokens": special}, ["prompt"]),
+        _obj({"model": model, "messages": messages, "add_special_tokens": special},
+             ["messages"])]}
+    tokens = _obj({"count": _INT, "max_model_len": _INT, "tokens": ids,
+                   "token_strs": {"type": "null"}}, ["count", "max_model_len", "tokens"])
+    return {
+        "/tokenize": _post("Token ids of a prompt or of chat messages, as generation sees them",
+                           tokenize, tokens),
+        "/detokenize": _post("Text of token ids", _obj({"model": model, "tokens": ids},
+                                                         ["tokens"]),
+                             _obj({"prompt": _STRING}, ["prompt"])),
+        "/version": _get("Server version", {"application/json": {"schema": _obj(
+            {"version": _STRING}, ["version"])}}),
+    }
+
+
 def openapi_document(models: Sequence[str], *, vocab_size: int | None = None) -> dict[str, Any]:
     """The OpenAPI 3.1 document for the router's public API; ``vocab_size``, when known, bounds
     prompt token ids."""
@@ -141,10 +262,13 @@ def openapi_document(models: Sequence[str], *, vocab_size: int | None = None) ->
                               "finish_reason": _FINISH}, ["index", "text", "finish_reason"])
     chat_choice = _obj({"index": _INT, "finish_reason": _FINISH, "logprobs": _opt("object"),
                         "message": _obj({"role": {"const": "assistant"},
-                                         "content": _opt("string")}, ["role"])},
+                                         "content": _opt("string"),
+                                         "tool_calls": _tool_calls()}, ["role"])},
                        ["index", "message", "finish_reason"])
     model = _obj({"id": _STRING, "object": {"const": "model"}, "created": _INT,
-                  "owned_by": _STRING}, ["id", "object", "created", "owned_by"])
+                  "owned_by": _STRING, "root": _STRING, "parent": _opt("string"),
+                  "max_model_len": _INT},
+                 ["id", "object", "created", "owned_by", "root", "max_model_len"])
     return {
         "openapi": "3.1.0",
         "info": {"title": "Cleave", "version": "v1",
@@ -157,6 +281,7 @@ def openapi_document(models: Sequence[str], *, vocab_size: int | None = None) ->
             "/v1/models": _get("Served models", {"application/json": {"schema": _obj(
                 {"object": {"const": "list"}, "data": {"type": "array", "items": model}},
                 ["object", "data"])}}),
+            **_vllm_paths(models),
             "/health": _get("Liveness"),
             "/ready": _get("Readiness: at least one decode (or both-role) worker is ready"),
             "/metrics": _get("Prometheus metrics", {"text/plain": {"schema": _STRING}}),

@@ -5,23 +5,35 @@ torch thread each), and the router; merges their logs into one stream with the p
 on each line; prints the endpoint and examples once everything is ready; restarts a worker that
 crashes (same port, as Kubernetes restarts a pod); on Ctrl-C or SIGTERM stops every process
 (SIGTERM, then SIGKILL after a grace period) and removes its temp files. With ``--autoscale``
-the worker processes come and go as the scaling policy decides (local_autoscale.py).
+the worker processes come and go as the scaling policy decides (local_autoscale.py). On a
+machine with several GPUs each worker process sees one of them (gpus.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
+from cleave.common.settings import (
+    INTERNAL_TOKEN_ENV,
+    EngineSettings,
+    RedisSettings,
+    RouterSettings,
+    RoutingSettings,
+    StoreSettings,
+    WorkerSettings,
+)
 from cleave.kv_store.redis_config import split_password
 from cleave.runtime.serving.autoscale_settings import (
     AutoscaleSettings,
@@ -29,25 +41,20 @@ from cleave.runtime.serving.autoscale_settings import (
     describe_settings,
     settings_from_args,
 )
-from cleave.runtime.serving.commands import (
-    add_router_policy_arguments,
-    router_policy_flags,
-    secret,
-)
+from cleave.runtime.serving.commands import secret
+from cleave.runtime.serving.gpus import VISIBLE, gpus_for_workers
 from cleave.runtime.serving.local_autoscale import LocalAutoscaler
-from cleave.runtime.serving.local_processes import (
-    Supervisor,
-    engine_flags,
-)
+from cleave.runtime.serving.local_processes import Supervisor
 
 __all__ = ["add_up_parser", "run_up"]
 
 
-def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-                  add_engine_arguments: object) -> None:
-    p = sub.add_parser("up", help="run the whole platform on this machine",
+def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("up",
+                       help="run the whole platform on this machine (redis, workers, router)",
                        description="Redis, prefill and decode workers, and the OpenAI-"
-                                   "compatible router, as local processes.")
+                                   "compatible router, as local processes; with several "
+                                   "GPUs, each worker gets its own (CUDA_VISIBLE_DEVICES).")
     p.add_argument("--prefill", type=int, default=1,
                    help="prefill worker processes (default 1; the starting count with "
                         "--autoscale). 0: no prefill role, decode workers serve whole requests "
@@ -57,13 +64,12 @@ def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         "--autoscale)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="the router's port")
-    p.add_argument("--redis-url", default=None,
-                   help="use this Redis instead of starting a private redis-server")
-    add_router_policy_arguments(p)
+    RedisSettings.add_arguments(p)  # without --redis-url: a private redis-server
+    RoutingSettings.add_arguments(p)
     p.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="how long each process may take to answer /ready (default 600)")
     add_autoscale_arguments(p)
-    add_engine_arguments(p)  # type: ignore[operator]
+    EngineSettings.add_arguments(p)
     p.set_defaults(func=run_up)
 
 
@@ -90,34 +96,45 @@ def _password_to_env(url: str, env: dict[str, str]) -> str:
     return url
 
 
-def _router_command(args: argparse.Namespace, redis_url: str, sup: Supervisor,
+def _router_command(args: argparse.Namespace, store: RedisSettings, sup: Supervisor,
                     autoscale: AutoscaleSettings | None) -> list[str]:
-    cmd = ["router", "--model", args.model, "--host", args.host, "--port", str(args.port),
-           "--redis-url", redis_url, *router_policy_flags(args)]
-    if args.max_model_len:
-        cmd += ["--max-model-len", str(args.max_model_len)]
+    routing = RoutingSettings.from_args(args)
+    settings = RouterSettings(model=args.model, revision=args.revision, host=args.host,
+                              port=args.port, redis=store,
+                              max_model_len=args.max_model_len,
+                              routing=routing)
     if autoscale is not None:
         assert sup.workers_file is not None
-        return [*cmd, "--workers-file", str(sup.workers_file),
-                "--hold-timeout", str(autoscale.hold_timeout_s)]
-    if args.hold_timeout:
-        cmd += ["--hold-timeout", str(args.hold_timeout)]
-    for p in sup.all():
-        cmd += ["--prefill" if p.role == "prefill" else "--decode", p.url]
-    return cmd
+        settings = replace(settings, workers_file=str(sup.workers_file),
+                           routing=replace(routing, hold_timeout=autoscale.hold_timeout_s))
+    else:
+        workers = sup.all()
+        settings = replace(settings,
+                           prefill=tuple(p.url for p in workers if p.role == "prefill"),
+                           decode=tuple(p.url for p in workers if p.role != "prefill"))
+    return ["router", *settings.to_args()]
 
 
 def run_up(args: argparse.Namespace) -> int:
     from cleave.kv_store.local_redis import start_local_redis
-    from cleave.runtime.models.loader import resolve_model
+    from cleave.runtime.models.loader import ModelLoadError, resolve_model
 
     try:
         autoscale = settings_from_args(args)
+        connection = RedisSettings.from_args(args)
+        if connection.redis_url is None and connection != RedisSettings():
+            raise ValueError("--redis-password-file and --redis-tls-* apply to a --redis-url, "
+                             "not to the private redis-server")
     except ValueError as e:
         print(f"cleave up: error: {e}", file=sys.stderr, flush=True)
         return 2
     print(f"cleave up: preparing model '{args.model}'", flush=True)
-    resolve_model(args.model)  # convert once here, not in every worker at the same time
+    # Convert (or download) once here, not in every worker at the same time.
+    try:
+        resolve_model(args.model, revision=args.revision)
+    except ModelLoadError as e:
+        print(f"cleave up: error: {e}", file=sys.stderr, flush=True)
+        return 2
     redis = None
     redis_url = args.redis_url
     if redis_url is None:
@@ -125,11 +142,21 @@ def run_up(args: argparse.Namespace) -> int:
         redis_url = redis.unix_url
         print(f"cleave up: redis-server on {redis.unixsocket}", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    redis_url = _password_to_env(redis_url, env)
+    store = replace(connection, redis_url=_password_to_env(redis_url, env))
+    # The key of the workers' internal API: the caller's own (CLEAVE_INTERNAL_TOKEN, to reach
+    # the workers directly), else a fresh one, in memory and the children's environment only:
+    # another local user who finds a worker's port cannot call it past the router.
+    env[INTERNAL_TOKEN_ENV] = env.get(INTERNAL_TOKEN_ENV) or secrets.token_urlsafe(32)
     tmp = Path(tempfile.mkdtemp(prefix="cleave-up-")) if autoscale else None
-    sup = Supervisor([sys.executable, "-m", "cleave.runtime.cli"], env,
-                     ["--redis-url", redis_url, *engine_flags(args)],
-                     workers_file=tmp / "workers.json" if tmp else None)
+    worker = WorkerSettings(store=StoreSettings(redis=store),
+                            engine=EngineSettings.from_args(args))
+    gpus = gpus_for_workers(worker.engine.device, env,
+                            ranks=worker.engine.tensor_parallel_size)
+    if gpus:
+        print(f"cleave up: one GPU per worker, round-robin over {VISIBLE}={','.join(gpus)}",
+              flush=True)
+    sup = Supervisor([sys.executable, "-m", "cleave.common.cli"], env, worker,
+                     workers_file=tmp / "workers.json" if tmp else None, gpus=gpus)
     stopping = threading.Event()
     autoscaler: threading.Thread | None = None
     metrics_server: WSGIServer | None = None
@@ -151,7 +178,7 @@ def run_up(args: argparse.Namespace) -> int:
                 sup.spawn_worker(role)
         sup.wait_ready(sup.all(), args.startup_timeout)
         sup.publish()
-        router = sup.start_router(_router_command(args, redis_url, sup, autoscale),
+        router = sup.start_router(_router_command(args, store, sup, autoscale),
                                   f"http://{args.host}:{args.port}")
         sup.wait_ready([router], args.startup_timeout)
         print(_banner(f"http://{args.host}:{args.port}", args.model), flush=True)
@@ -164,7 +191,8 @@ def run_up(args: argparse.Namespace) -> int:
                     f"/metrics; its last decisions in {status_path}")
             autoscaler = LocalAutoscaler(
                 autoscale, sup, router.url, secret(args.api_key_file, "CLEAVE_API_KEY"),
-                drain_timeout_s=args.request_timeout, status_path=status_path).start(stopping)
+                drain_timeout_s=args.request_timeout, status_path=status_path,
+                internal_token=env[INTERNAL_TOKEN_ENV]).start(stopping)
         while not stopping.is_set():
             reason = sup.watch(args.startup_timeout)
             if reason is not None:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from cleave.runtime.serving.routing import WorkerState
+from cleave.runtime.serving.routing import WorkerState, updated_rate
 
 log = logging.getLogger("cleave.router")
 DOWN_COOLDOWN_SECONDS = 2.0
@@ -34,12 +34,24 @@ class WorkerRejected(ValueError):
 
 
 @dataclass
+class PrefillSpeed:
+    """Observed prefill speed (seconds per prompt token, queueing included), shared by the
+    pools (a flipped worker's prefills count too): what the router predicts TTFT from."""
+
+    seconds_per_token: float | None = None
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        self.seconds_per_token = updated_rate(self.seconds_per_token, seconds, tokens)
+
+
+@dataclass
 class _Tracked:
     state: WorkerState
     down_until: float = 0.0
     # Gone from discovery while requests are still open on it: it gets no new ones, and the
     # pool forgets it once they finish (a drain, as seen from the router).
     leaving: bool = False
+    refused: bool = False  # its last poll answered 401: said once, not every second
 
 
 class WorkerPool:
@@ -50,8 +62,10 @@ class WorkerPool:
     that come and go as a role scales are picked up without any Kubernetes API access.
     """
 
-    def __init__(self, urls: Sequence[str], session: aiohttp.ClientSession) -> None:
+    def __init__(self, urls: Sequence[str], session: aiohttp.ClientSession,
+                 speed: PrefillSpeed | None = None) -> None:
         self.session = session
+        self.speed = speed or PrefillSpeed()
         self._static = {u.rstrip("/") for u in urls if not u.startswith("dns+")}
         self._dns = {u.removeprefix("dns+").rstrip("/"): set[str]() for u in urls
                      if u.startswith("dns+")}
@@ -62,6 +76,9 @@ class WorkerPool:
 
     def __bool__(self) -> bool:
         return bool(self._workers or self._dns)
+
+    def __contains__(self, url: str) -> bool:
+        return url in self._workers
 
     def _reconcile(self, known: set[str], found: set[str]) -> set[str]:
         """Add what one discovery source found, retire what it lost; returns what it now owns.
@@ -105,7 +122,8 @@ class WorkerPool:
         """What the router knows of each worker, for ``GET /internal/workers``."""
         now = time.monotonic()
         return [{"url": u, "healthy": t.state.healthy and now >= t.down_until and not t.leaving,
-                 "inflight": t.state.inflight, "leaving": t.leaving}
+                 "inflight": t.state.inflight, "queued_tokens": t.state.queued_tokens,
+                 "leaving": t.leaving, "role": t.state.role}
                 for u, t in sorted(self._workers.items())]
 
     def snapshot(self) -> list[WorkerState]:
@@ -118,13 +136,15 @@ class WorkerPool:
         self._workers[url].down_until = time.monotonic() + DOWN_COOLDOWN_SECONDS
 
     @contextlib.contextmanager
-    def track(self, url: str) -> Any:
+    def track(self, url: str, tokens: int = 0) -> Any:
         t = self._workers[url]
-        t.state = replace(t.state, inflight=t.state.inflight + 1)
+        t.state = replace(t.state, inflight=t.state.inflight + 1,
+                          queued_tokens=t.state.queued_tokens + tokens)
         try:
             yield
         finally:
-            t.state = replace(t.state, inflight=t.state.inflight - 1)
+            t.state = replace(t.state, inflight=t.state.inflight - 1,
+                              queued_tokens=t.state.queued_tokens - tokens)
 
     async def refresh(self) -> None:
         """Re-resolve DNS entries, then poll every worker's /internal/stats (bounded); a
@@ -135,32 +155,39 @@ class WorkerPool:
                 async with self.session.get(url + "/internal/stats",
                                             timeout=aiohttp.ClientTimeout(total=1.0)) as r:
                     stats = await r.json() if r.status == 200 else None
+                    refused = r.status == 401  # a token that differs from the worker's
             except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
-                stats = None
+                stats, refused = None, False
             if stats is None or stats.get("draining"):
-                if tracked.state.healthy:  # a flip, not every poll: the log stays readable
+                if tracked.state.healthy or (refused and not tracked.refused):  # flips only
                     log.warning("worker %s is out of rotation: %s", url,
-                                "draining" if stats else "no answer to /internal/stats")
+                                "draining" if stats else "it refused the internal token"
+                                if refused else "no answer to /internal/stats")
                 tracked.state = replace(tracked.state, healthy=False)
+                tracked.refused = refused
                 return
+            tracked.refused = False
             if not tracked.state.healthy:
                 log.info("worker %s is ready", url)
             if stats.get("kv_namespace") and stats.get("kv_root_hash"):
                 self.kv_identity = (str(stats["kv_root_hash"]), int(stats["block_size"]),
                                     str(stats["kv_namespace"]))
+            role = stats.get("role")
+            if role != tracked.state.role and tracked.state.role is not None:
+                log.info("worker %s is now in the %s role", url, role)
             tracked.state = replace(tracked.state, healthy=True,
                                     kv_usage=float(stats.get("kv_usage", 0.0)),
-                                    waiting=int(stats.get("waiting", 0)))
+                                    waiting=int(stats.get("waiting", 0)),
+                                    role=str(role) if role else None)
 
         await asyncio.gather(*(one(u, t) for u, t in self._workers.items()))
 
-    async def any_ready(self) -> bool:
-        await self.refresh()
-        return any(w.healthy for w in self.snapshot())
-
     # -- calls ---------------------------------------------------------------------------
     async def prefill(self, url: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
-        with self.track(url):
+        tokens = len(payload["prompt_token_ids"])
+        ahead = self._workers[url].state.queued_tokens
+        start = time.monotonic()
+        with self.track(url, tokens):
             try:
                 async with self.session.post(url + "/internal/prefill", json=payload,
                                              timeout=aiohttp.ClientTimeout(total=timeout)) as r:
@@ -174,6 +201,7 @@ class WorkerPool:
         if status != 200:
             self.mark_down(url)
             raise WorkerUnavailable(f"prefill worker {url} answered {status}")
+        self.speed.observe(time.monotonic() - start, ahead + tokens)
         return dict(body)
 
     async def generate(self, url: str, payload: dict[str, Any], timeout: float,

@@ -8,8 +8,14 @@ The internal API the router calls:
   earlier_token_ids?}`` -> NDJSON lines of token deltas. With ``first_token`` it continues a
   prefilled request from the store's blocks; with ``earlier_token_ids`` too, a request whose
   decode worker died after handing those out (the router resumes it); without, it serves the
-  whole request (reusing any cached prefix).
+  whole request (reusing any cached prefix). Every role serves it: a prefill worker gets
+  whole requests when no decode worker is healthy. A decode worker refuses prefills.
+- ``POST /internal/role`` ``{role: prefill|decode}``: a live flip of the current role (the home
+  role stays; worker_role.py). ``GET /internal/stats`` reports both.
 - ``GET /internal/stats``: load and KV usage for routing; ``/health``, ``/ready``, ``/metrics``.
+
+Every path but ``/health``, ``/ready`` and ``/metrics`` needs the service's internal token as a
+Bearer key when one is configured (internal_auth.py).
 
 On SIGTERM the worker reports not-ready, refuses new work, lets requests in flight finish for
 up to the grace period, then exits. A client that goes away aborts its request and frees its
@@ -24,62 +30,29 @@ import json
 import logging
 import signal
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiohttp import web
 
-from cleave.runtime import metrics
+from cleave.runtime import engine_metrics, metrics
 from cleave.runtime.engine.async_engine import AsyncEngine, EngineDeadError, last_output
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
 from cleave.runtime.engine.sequence import RequestError, SamplingParams
 from cleave.runtime.kv_connector import KVBlocksMissing, KVStoreConnector
+from cleave.runtime.serving.internal_auth import require_token
+from cleave.runtime.serving.protocol import BODY_READ_SECONDS
+from cleave.runtime.serving.worker_limits import (
+    Admission,
+    Saturated,
+    check_earlier,
+    check_request,
+)
+from cleave.runtime.serving.worker_role import RoleError, WorkerRoles, flip_target
+from cleave.runtime.serving.worker_sampling import is_int, list_of, sampling_from_json
 
 log = logging.getLogger("cleave.worker")
-ROLES = ("prefill", "decode", "both")
 ENGINE_CHECK_SECONDS = 0.5
-
-
-_INT_FIELDS = ("max_tokens", "top_k")
-_OPTIONAL_INT_FIELDS = ("seed", "logprobs")
-_FLOAT_FIELDS = ("temperature", "top_p")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def sampling_from_json(data: Any) -> SamplingParams:
-    """Strictly typed: a wrong type must fail here, not on the engine thread later."""
-    if not isinstance(data, dict):
-        raise RequestError("sampling must be an object")
-    for k in _INT_FIELDS:
-        if k in data and not _is_int(data[k]):
-            raise RequestError(f"sampling.{k} must be an integer")
-    for k in _OPTIONAL_INT_FIELDS:
-        if data.get(k) is not None and not _is_int(data[k]):
-            raise RequestError(f"sampling.{k} must be an integer or null")
-    for k in _FLOAT_FIELDS:
-        if k in data and (isinstance(data[k], bool) or not isinstance(data[k], int | float)):
-            raise RequestError(f"sampling.{k} must be a number")
-    checks: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-        ("stop", lambda v: isinstance(v, str), "strings"),
-        ("stop_token_ids", _is_int, "integers"))
-    for k, ok, kind in checks:
-        if not _list_of(data.get(k, []), ok):
-            raise RequestError(f"sampling.{k} must be a list of {kind}")
-    if not isinstance(data.get("ignore_eos", False), bool):
-        raise RequestError("sampling.ignore_eos must be true or false")
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                              for k, v in data.items()}
-    try:
-        return SamplingParams(**fields)
-    except TypeError as e:
-        raise RequestError(f"bad sampling parameters: {e}") from None
-
-
-def _list_of(value: Any, ok: Callable[[Any], bool]) -> bool:
-    return isinstance(value, list) and all(ok(v) for v in value)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -89,31 +62,38 @@ def _error(status: int, message: str) -> web.Response:
 
 class Worker:
     def __init__(self, engine: AsyncEngine, role: str,
-                 connector: KVStoreConnector | None) -> None:
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+                 connector: KVStoreConnector | None, internal_token: str | None = None,
+                 max_open_requests: int = 1024, model_name: str | None = None) -> None:
         self.engine = engine
-        self.role = role
+        # vllm:* series carry the name clients use (vLLM's served name, default the model).
+        metrics.serve_as(model_name or engine.engine.config.model)
+        self.internal_token = internal_token  # required on /internal/* when set
+        self.admission = Admission(max_open_requests)
         self.connector = connector
         self.draining = False
         self.inflight = 0
         core = engine.engine
-        metrics.RUNNING.labels(role).set_function(lambda: len(core.scheduler.running))
-        metrics.WAITING.labels(role).set_function(lambda: len(core.scheduler.waiting))
-        metrics.KV_USAGE.labels(role).set_function(core.kv_usage_ratio)
-        # Exported from the start: a worker that has served nothing reports 0 tokens (idle),
-        # not nothing (unknown), so an autoscaler can scale it down.
-        metrics.PROMPT_TOKENS.labels(role)
-        metrics.GENERATION_TOKENS.labels(role)
+        self.roles = WorkerRoles(role, {
+            metrics.RUNNING: lambda: len(core.scheduler.running),
+            metrics.WAITING: lambda: len(core.scheduler.waiting),
+            metrics.KV_USAGE: core.kv_usage_ratio})
+        engine_metrics.bind_engine(core)
+
+    @property
+    def role(self) -> str:
+        """The current role (a flip changes it; the home role is ``roles.home``)."""
+        return self.roles.current
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)
+        app = web.Application(client_max_size=64 << 20,
+                              middlewares=[require_token(self.internal_token)])
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", metrics.metrics_endpoint)
         app.router.add_get("/internal/stats", self.stats)
         app.router.add_post("/internal/prefill", self.prefill)
         app.router.add_post("/internal/generate", self.generate)
+        app.router.add_post("/internal/role", self.flip)
         return app
 
     # -- probes --------------------------------------------------------------------------
@@ -142,7 +122,8 @@ class Worker:
     async def stats(self, _: web.Request) -> web.Response:
         core = self.engine.engine
         return web.json_response({
-            "role": self.role, "running": len(core.scheduler.running),
+            "role": self.role, "home_role": self.roles.home, "flips": self.roles.flips,
+            "running": len(core.scheduler.running),
             "waiting": len(core.scheduler.waiting), "inflight": self.inflight,
             "kv_usage": core.kv_usage_ratio(),
             "draining": self.draining or self.engine.dead is not None,
@@ -154,23 +135,31 @@ class Worker:
     # -- work ----------------------------------------------------------------------------
     async def _parse(self, request: web.Request) -> tuple[str, list[int], SamplingParams,
                                                           dict[str, Any]]:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RequestError("body is not JSON") from None
+        body = await _read_json(request)
         if not isinstance(body, dict):
             raise RequestError("body must be a JSON object")
         ids = body.get("prompt_token_ids")
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise RequestError("prompt_token_ids must be a list of integers")
         rid = str(body.get("request_id") or f"w-{time.monotonic_ns()}")
-        return rid, ids, sampling_from_json(body.get("sampling", {})), body
+        params = sampling_from_json(body.get("sampling", {}))
+        check_request(len(ids), params, self.engine.engine.max_model_len)
+        return rid, ids, params, body
 
     async def prefill(self, request: web.Request) -> web.Response:
+        try:
+            with self.admission.admit():
+                return await self._prefill(request)
+        except Saturated as e:  # the router serves it elsewhere, as for any failed prefill
+            return _error(503, str(e))
+
+    async def _prefill(self, request: web.Request) -> web.Response:
         if self.draining:
             return _error(503, "worker is draining")
         if self.role == "decode":
-            return _error(400, "this is a decode worker")
+            # 503, not 400: after a flip the router may not know yet; it serves the request
+            # whole elsewhere, as for any failed prefill.
+            return _error(503, "this is a decode worker")
         try:
             rid, ids, params, _ = await self._parse(request)
         except RequestError as e:
@@ -191,6 +180,7 @@ class Worker:
             self.inflight -= 1
         metrics.TTFT.labels(self.role).observe(time.perf_counter() - start)
         metrics.PROMPT_TOKENS.labels(self.role).inc(out.num_prompt_tokens)
+        engine_metrics.record_visit(self.role, out, prefilled=False, prefill_only=True)
         handoff = out.handoff
         assert handoff is not None and handoff.first_token is not None
         return web.json_response({
@@ -199,22 +189,47 @@ class Worker:
             "num_cached_tokens": out.num_cached_tokens,
             "num_blocks": len(handoff.block_hashes)})
 
+    async def flip(self, request: web.Request) -> web.Response:
+        """``POST /internal/role {"role": "prefill"|"decode"}``: change the current role at once.
+        Work in flight finishes here; new work follows the role the router reads in stats."""
+        try:
+            body = await _read_json(request)
+        except RequestError:
+            body = None
+        try:
+            role = flip_target(body, self.roles.home, self.draining)
+        except RoleError as e:
+            return _error(e.status, str(e))
+        before = self.roles.flip(role)
+        if before != role:
+            log.info("role %s -> %s (home role %s)", before, role, self.roles.home)
+        return web.json_response({"role": role, "previous": before,
+                                  "home_role": self.roles.home})
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            with self.admission.admit():  # held while the answer streams
+                return await self._generate(request)
+        except Saturated as e:  # the router tries another worker
+            return _error(503, str(e))
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
         if self.draining:
             return _error(503, "worker is draining")
-        if self.role == "prefill":
-            return _error(400, "this is a prefill worker")
+        # A prefill worker serves whole requests too: the router sends it those when no
+        # decode worker is healthy (every worker holds the whole model; see dispatch.py).
         start = time.perf_counter()
         try:
             rid, ids, params, body = await self._parse(request)
             first = body.get("first_token")
-            if first is not None and not _is_int(first):
+            if first is not None and not is_int(first):
                 raise RequestError("first_token must be an integer")
             earlier = body.get("earlier_token_ids") or []
-            if not _list_of(earlier, _is_int):
+            if not list_of(earlier, is_int):
                 raise RequestError("earlier_token_ids must be a list of integers")
             if earlier and first is None:
                 raise RequestError("earlier_token_ids needs first_token")
+            check_earlier(len(earlier), params)
             recompute = body.get("kv_load_failure_policy", "recompute") != "fail"
             stream = await self._stream(rid, ids, params, first, tuple(earlier), recompute)
             head = await anext(stream)  # validation errors surface before any byte is sent
@@ -232,22 +247,21 @@ class Worker:
             response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
             await response.prepare(request)
             out: RequestOutput | None = head
+            tpot = metrics.TPOT.labels(self.role)  # once, not per token: a twin's lookups lock
             while out is not None:
                 now = time.perf_counter()
                 if out.new_token_ids:
                     if n == 0 and first is None:
                         metrics.TTFT.labels(self.role).observe(now - start)
                     elif n:
-                        metrics.TPOT.labels(self.role).observe(now - last)
+                        tpot.observe(now - last)
                     n += len(out.new_token_ids)
                     last = now
                 await response.write(_line(out))
                 if out.finished:
                     metrics.E2E.labels(self.role).observe(now - start)
-                    metrics.GENERATION_TOKENS.labels(self.role).inc(out.num_output_tokens)
-                    if first is None:  # a prefilled request's prompt was counted there
-                        metrics.PROMPT_TOKENS.labels(self.role).inc(out.num_prompt_tokens)
-                    metrics.REQUESTS.labels(self.role, str(out.finish_reason)).inc()
+                    engine_metrics.record_finished(self.role, out, params.max_tokens,
+                                                   prefilled=first is not None)
                     break
                 out = await anext(stream, None)
         finally:
@@ -279,6 +293,18 @@ class Worker:
             await asyncio.sleep(0.05)
         if self.inflight:
             log.warning("grace period over with %d requests in flight", self.inflight)
+
+
+async def _read_json(request: web.Request) -> Any:
+    """The body as JSON; RequestError for anything else, a deeply nested document (the
+    parser's RecursionError) and a body not read within BODY_READ_SECONDS included."""
+    try:
+        async with asyncio.timeout(BODY_READ_SECONDS):
+            return await request.json()
+    except TimeoutError:
+        raise RequestError("the body was not read in time") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise RequestError("body is not JSON") from None
 
 
 def _line(out: RequestOutput) -> bytes:

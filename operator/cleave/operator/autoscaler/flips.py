@@ -1,0 +1,109 @@
+"""Elastic roles on Kubernetes (docs/autoscaling.md): each ready worker pod's current role, read
+from its ``/internal/stats``, and a :class:`~cleave.autoscaling.flips.FlipPlan` carried out —
+flips by ``POST /internal/role`` on the pods, each home Deployment at the plan's replicas, and
+the pods the plan removes marked cheapest to delete, so the ReplicaSet removes those.
+
+The pod's home role is its Deployment's (its ``component`` label); its current role is runtime
+state in the worker, which comes back home when the pod restarts. Nothing is stored in the API:
+a flip the operator forgets (it restarts) is read back from the pods at the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from cleave.autoscaling.flips import BOTH, WorkerView
+from cleave.autoscaling.pods import PodCounts
+from cleave.operator.status import is_ready, live_pods
+
+# The ReplicaSet deletes pods with the lowest cost first on a scale-down (Kubernetes >= 1.22).
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def pod_url(pod: Mapping[str, Any]) -> str | None:
+    """``http://<podIP>:<port named http>`` of a ready pod, else None."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip or not is_ready(pod):
+        return None
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == "http" and port.get("containerPort"):
+                host = f"[{ip}]" if ":" in ip else ip
+                return f"http://{host}:{port['containerPort']}"
+    return None
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str(pod["metadata"]["name"])
+
+
+async def current_roles(session: aiohttp.ClientSession,
+                        pods: Mapping[str, Sequence[Mapping[str, Any]]],
+                        timeout_s: float, auth: Mapping[str, str]) -> dict[str, str]:
+    """Pod name -> the role its worker reports, for every ready pod that answers (one that
+    does not is taken to be in its home role, as a restarted pod is)."""
+    async def one(home: str, pod: Mapping[str, Any]) -> tuple[str, str]:
+        url = pod_url(pod)
+        if url is None:
+            return _name(pod), home
+        try:
+            async with session.get(url + "/internal/stats", headers=auth,
+                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                stats = await r.json() if r.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+            stats = {}
+        role = stats.get("role") if isinstance(stats, dict) else None
+        return _name(pod), str(role) if role in ("prefill", "decode", "both") else home
+
+    found = await asyncio.gather(*(one(home, p) for home, ps in pods.items()
+                                   for p in live_pods(ps)))
+    return dict(found)
+
+
+def by_current_role(counts: Mapping[str, PodCounts], pods: Mapping[str, Sequence[Any]],
+                    roles: Mapping[str, str]) -> dict[str, PodCounts]:
+    """Each role's counts with ready pods counted where they work now (starting and pending
+    pods are in their home role)."""
+    ready = {r: c.ready for r, c in counts.items()}
+    for home, ps in pods.items():
+        for p in live_pods(ps):
+            now = roles.get(_name(p), home)
+            if is_ready(p) and now == BOTH:  # the floor: ready in its home role and the other
+                ready.update({r: n + 1 for r, n in ready.items() if r != home})
+            elif is_ready(p) and now != home and now in ready and ready[home] > 0:
+                ready[home] -= 1
+                ready[now] += 1
+    return {r: PodCounts(ready[r], c.starting, c.pending) for r, c in counts.items()}
+
+
+def worker_views(pods: Mapping[str, Sequence[Mapping[str, Any]]],
+                 roles: Mapping[str, str]) -> list[WorkerView]:
+    return [WorkerView(_name(p), home, roles.get(_name(p), home) if is_ready(p) else home,
+                       is_ready(p)) for home, ps in pods.items() for p in live_pods(ps)]
+
+
+def auth(token: str | None) -> dict[str, str]:
+    """The header of an ``/internal/*`` call: the service's internal token (the Secret the
+    reconcile creates; workers refuse these paths without it)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+async def flip(session: aiohttp.ClientSession, pod: Mapping[str, Any], role: str,
+               timeout_s: float, headers: Mapping[str, str]) -> str | None:
+    """Ask one pod's worker to take ``role``; None when done, else why not."""
+    url = pod_url(pod)
+    if url is None:
+        return "not ready"
+    try:
+        async with session.post(url + "/internal/role", json={"role": role}, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status == 200:
+                return None
+            return f"HTTP {r.status}: {(await r.text())[:200]}"
+    except (aiohttp.ClientError, TimeoutError) as e:
+        return type(e).__name__

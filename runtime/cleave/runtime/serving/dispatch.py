@@ -1,0 +1,73 @@
+"""Where a request's decode runs, and how it survives the worker running it.
+
+Every worker holds the whole model and can run both phases, so the roles are a preference, not
+a wall: the decode goes to a decode worker, and when none is healthy (the only one died, or the
+role is scaled to zero while prefill is not) a prefill worker serves the request whole. A
+worker that drops the stream mid-answer is resumed on another one of either role from the
+tokens already sent (resume.py). A prefill worker's decoding shows in its own
+``cleave_generation_tokens_total{role="prefill"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from cleave.runtime import metrics
+from cleave.runtime.serving import protocol as api
+from cleave.runtime.serving.fleet import Fleet
+from cleave.runtime.serving.resume import continuation, rebased
+from cleave.runtime.serving.routing import choose_server
+from cleave.runtime.serving.upstream import WorkerRejected, WorkerUnavailable
+
+log = logging.getLogger("cleave.router")
+
+
+async def decode_stream(fleet: Fleet, rid: str, payload: dict[str, Any], sent: list[int],
+                        start: float, timeout: float, idle_timeout: float
+                        ) -> AsyncIterator[dict[str, Any]]:
+    """The worker lines of one request's decode, from whichever worker can give them.
+
+    ``sent`` holds the tokens the client already has (a prefill's first token) and grows as
+    lines pass; a worker failing after more were sent resumes elsewhere from there.
+    """
+    handed = len(sent)
+    cached_tokens = 0
+    tried: set[str] = set()
+    while True:
+        chosen = choose_server(fleet.decode_candidates(), fleet.prefill_candidates(),
+                               frozenset(tried))
+        if chosen is None:
+            if len(sent) > handed:
+                raise api.APIError(502, "the decode worker failed mid-response and no other "
+                                   "could continue it", "server_error", code="worker_failed")
+            raise api.APIError(503, "no worker is available", "service_unavailable")
+        _, worker = chosen
+        tried.add(worker.url)
+        resumed = len(sent) > handed
+        attempt = continuation(payload, sent) if resumed else payload
+        pool = fleet.pool_for(worker.url)
+        try:
+            async for line in pool.generate(worker.url, attempt, timeout, idle_timeout):
+                if not sent and line.get("token_ids"):
+                    metrics.TTFT.labels("router").observe(time.perf_counter() - start)
+                if resumed:
+                    line = rebased(line, cached_tokens)
+                else:
+                    cached_tokens = int(line.get("cached_tokens", cached_tokens))
+                sent.extend(line.get("token_ids") or [])
+                yield line
+            metrics.E2E.labels("router").observe(time.perf_counter() - start)
+            return
+        except WorkerRejected as e:
+            if e.status == 424:  # KV missing under policy "fail"
+                raise api.APIError(503, str(e), "service_unavailable") from None
+            raise api.APIError(400, str(e)) from None
+        except WorkerUnavailable as e:
+            if len(sent) > handed:
+                log.warning("request %s: %s after %d tokens; resuming it on another worker",
+                            rid, e, len(sent))
+            else:
+                log.warning("request %s: %s; trying another worker", rid, e)
