@@ -123,7 +123,9 @@ def test_autoscaler_queries_find_their_series(scraped: tuple[Prometheus, Obj],
     prom, _ = scraped
     values = {key: scalar(prom.api("query", query=promql))
               for key, promql in queries(NS, NAME, role, WINDOW_S).items()}
-    assert None not in values.values(), values
+    # The saturated throughput exists only while a queue stands, which this light load
+    # need not cause; its query must still be one Prometheus evaluates (scalar() raises else).
+    assert None not in [v for k, v in values.items() if k != "throughput_per_replica"], values
     assert values["token_rate"] > 0 and values["latency_p90"] > 0, values
 
 

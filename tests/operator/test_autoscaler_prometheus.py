@@ -19,16 +19,22 @@ from cleave.operator.autoscaler import prometheus
 
 def test_promql_per_role() -> None:
     q = prometheus.queries("ml", "chat", "prefill", 60)
-    sel = 'namespace="ml", llmservice="chat", role=~"prefill"'
+    # A worker serving both roles (the one-worker floor) counts for each, as scraped.
+    sel = 'namespace="ml", llmservice="chat", role=~"prefill|both"'
     assert q["latency_p90"] == ("histogram_quantile(0.9, sum by (le) (rate("
                                 f"{names.bucket(names.TTFT)}{{{sel}}}[60s])))")
     assert q["token_rate"] == f"sum(rate({names.total(names.PROMPT_TOKENS)}{{{sel}}}[60s]))"
     assert q["queue_router"] == \
         f'sum({names.WAITING}{{namespace="ml", llmservice="chat", role="router"}})'
     assert "kv_usage" not in q
+    # The backlog rules' inputs (issue 18: the Prometheus path used to leave them unset).
+    assert q["request_rate"] == f"sum(rate({names.TTFT}_count{{{sel}}}[60s]))"
+    assert "irate(" + names.total(names.PROMPT_TOKENS) in q["throughput_per_replica"]
+    assert "[60s:15000ms]" in q["throughput_per_replica"]
     d = prometheus.queries("ml", "chat", "decode", 30)
     assert names.bucket(names.TPOT) in d["latency_p90"]
     assert 'role=~"decode|both"' in d["kv_usage"] and "[30s]" in d["token_rate"]
+    assert "request_rate" not in d and "throughput_per_replica" in d
 
 
 def vector(*values: str) -> dict[str, Any]:
@@ -75,8 +81,10 @@ async def test_role_signals_from_prometheus(
     async with aiohttp.ClientSession() as session:
         got = await prometheus.role_signals(session, url, "ml", "chat", "decode", 60,
                                             ready=2, starting=1, pending=0)
+        # (The stand-in answers by substring: the throughput query reads the tokens too.)
         assert got == RoleSignals(latency_p90=0.08, kv_usage=0.7, queue_depth=7.0,
-                                  token_rate=420.0, ready=2, starting=1, pending=0)
+                                  token_rate=420.0, throughput_per_replica=420.0, ready=2,
+                                  starting=1, pending=0)
         # At zero only the router's held requests exist: that demand is the signal.
         table.clear()
         table['role="router"'] = vector("3")

@@ -1,10 +1,12 @@
-"""Autoscaler signals: from scraped Prometheus text to the policy's :class:`RoleSignals`.
+"""Autoscaler signals from pods scraped directly: scraped Prometheus text to :class:`RoleSignals`.
 
 Workers export cumulative histograms and counters; the autoscaler needs what happened *recently*.
 So every pod is scraped each interval, and windowed figures come from the difference between its
 newest scrape and the one a window earlier (bucket deltas, as Prometheus' ``histogram_quantile``
-over ``rate()`` does). Everything but :func:`scrape` is pure, so both scale backends (the
-operator and ``cleave up --autoscale``) and the tests share one implementation.
+over ``rate()`` does). Which figures, from which metrics, reduced how, is the signal registry's
+(:mod:`cleave.autoscaling.registry`), shared with the Prometheus source. Everything but
+:func:`scrape` is pure, so every backend of the one autoscaler loop (the operator, ``cleave up
+--autoscale``, the simulator) and the tests share one implementation.
 
 A pod that fails to answer, or answered too long ago, is *stale*: it contributes nothing. Missing
 data is ``None`` all the way into the policy, which holds rather than reading it as zero latency.
@@ -13,18 +15,27 @@ data is ``None`` all the way into the policy, which holds rather than reading it
 from __future__ import annotations
 
 import asyncio
-import itertools
-import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
+from cleave.autoscaling import registry
+from cleave.autoscaling.exposition import (
+    Histogram,
+    PodMetrics,
+    Scrape,
+    histogram_quantile,
+    parse_metrics,
+)
 from cleave.autoscaling.pods import PodCounts
 from cleave.autoscaling.policy import DECODE, PREFILL, RoleSignals
 from cleave.common import metric_names as names
+
+__all__ = ["GENERATION_TOKENS", "KV_USAGE", "PROMPT_TOKENS", "ROUTER", "TPOT", "TTFT",
+           "WAITING", "Histogram", "PodMetrics", "SignalCollector", "Target", "collect",
+           "histogram_quantile", "parse_metrics", "scrape"]
 
 ROUTER = "router"
 # The families the autoscaler reads, under the names the runtime registers them by.
@@ -35,102 +46,6 @@ WAITING = names.WAITING
 PROMPT_TOKENS = names.PROMPT_TOKENS
 GENERATION_TOKENS = names.GENERATION_TOKENS
 
-# Which latency histogram and which token counter speak for each role's load.
-_LATENCY = {PREFILL: TTFT, DECODE: TPOT}
-_TOKENS = {PREFILL: PROMPT_TOKENS, DECODE: GENERATION_TOKENS}
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """One histogram family, summed over its label sets; ``cumulative`` as exported."""
-
-    bounds: tuple[float, ...]
-    cumulative: tuple[float, ...]
-    count: float
-    total: float
-
-
-@dataclass(frozen=True)
-class PodMetrics:
-    histograms: Mapping[str, Histogram]
-    values: Mapping[str, float]  # gauges and counters (family name, no ``_total``), summed
-    roles: frozenset[str]
-
-
-def parse_metrics(text: str) -> PodMetrics:
-    """Parse Prometheus text exposition; ValueError if it is not that."""
-    buckets: dict[str, dict[float, float]] = {}
-    counts: dict[str, float] = {}
-    sums: dict[str, float] = {}
-    values: dict[str, float] = {}
-    roles: set[str] = set()
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as e:  # the parser raises ValueError, IndexError, … on garbage
-        raise ValueError(f"not Prometheus text: {e}") from e
-    for family in families:
-        for sample in family.samples:
-            if "role" in sample.labels:
-                roles.add(sample.labels["role"])
-            if family.type == "histogram":
-                if sample.name.endswith("_bucket"):
-                    le = float(sample.labels["le"])
-                    per = buckets.setdefault(family.name, {})
-                    per[le] = per.get(le, 0.0) + sample.value
-                elif sample.name.endswith("_count"):
-                    counts[family.name] = counts.get(family.name, 0.0) + sample.value
-                elif sample.name.endswith("_sum"):
-                    sums[family.name] = sums.get(family.name, 0.0) + sample.value
-            elif family.type in ("gauge", "counter", "untyped") and not sample.name.endswith(
-                    "_created"):
-                values[family.name] = values.get(family.name, 0.0) + sample.value
-    histograms = {
-        name: Histogram(tuple(sorted(per)), tuple(per[b] for b in sorted(per)),
-                        counts.get(name, 0.0), sums.get(name, 0.0))
-        for name, per in buckets.items()}
-    return PodMetrics(histograms, values, frozenset(roles))
-
-
-def _delta(older: Histogram | None, newer: Histogram) -> tuple[float, ...]:
-    """Per-bucket cumulative counts observed between two scrapes; a reset (the pod restarted)
-    or no older scrape means everything since the process started."""
-    if older is None or older.bounds != newer.bounds or older.count > newer.count:
-        return newer.cumulative
-    return tuple(n - o for n, o in zip(newer.cumulative, older.cumulative, strict=True))
-
-
-def _quantile(q: float, bounds: tuple[float, ...], cumulative: tuple[float, ...]) -> float | None:
-    if not cumulative or cumulative[-1] <= 0:
-        return None
-    rank = q * cumulative[-1]
-    lower, below = 0.0, 0.0
-    for bound, upto in zip(bounds, cumulative, strict=True):
-        if upto >= rank:
-            if math.isinf(bound):  # past the last finite bucket: its bound is all we know
-                return lower
-            inside = upto - below
-            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
-        lower, below = bound, upto
-    return lower
-
-
-def histogram_quantile(q: float, older: Histogram | None, newer: Histogram) -> float | None:
-    """Quantile of the observations made between two scrapes; None if there were none."""
-    return _quantile(q, newer.bounds, _delta(older, newer))
-
-
-def _count_of(name: str) -> Callable[[PodMetrics], float | None]:
-    def read(m: PodMetrics) -> float | None:
-        h = m.histograms.get(name)
-        return None if h is None else h.count
-    return read
-
-
-@dataclass(frozen=True)
-class _Scrape:
-    at: float
-    metrics: PodMetrics | None  # None: the pod did not answer
-
 
 class SignalCollector:
     """Per-pod scrape history, turned into per-role windowed signals on demand."""
@@ -140,13 +55,13 @@ class SignalCollector:
             raise ValueError("window_s and stale_after_s must be > 0")
         self.window_s = window_s
         self.stale_after_s = stale_after_s
-        self._pods: dict[str, tuple[str, deque[_Scrape]]] = {}
+        self._pods: dict[str, tuple[str, deque[Scrape]]] = {}
 
     def record(self, pod: str, role: str, now: float, metrics: PodMetrics | None) -> None:
         role = DECODE if role == "both" else role
         _, history = self._pods.setdefault(pod, (role, deque()))
         self._pods[pod] = (role, history)
-        history.append(_Scrape(now, metrics))
+        history.append(Scrape(now, metrics))
         # Keep the newest *answered* scrape at least a window old: it is the baseline of the
         # windowed delta (a failed scrape after it must not push it out). Older ones, and failed
         # scrapes before it, carry nothing.
@@ -160,105 +75,39 @@ class SignalCollector:
         for pod in [p for p in self._pods if p not in live]:
             del self._pods[pod]
 
-    def _fresh(self, role: str, now: float) -> list[tuple[_Scrape | None, _Scrape, list[_Scrape]]]:
-        """(baseline, newest, answered scrapes) of each pod of ``role`` whose newest answer is
-        recent; the baseline is the latest answer at least a window old, else the oldest one."""
+    def fresh(self, role: str, now: float) -> list[registry.PodWindow]:
+        """The window of each pod of ``role`` whose newest answer is recent; the baseline is
+        the latest answer at least a window old, else the oldest one."""
         out = []
         for pod_role, history in self._pods.values():
-            answered = [s for s in history if s.metrics is not None]
+            answered = tuple(s for s in history if s.metrics is not None)
             if pod_role != role or not answered or now - answered[-1].at > self.stale_after_s:
                 continue
             if history[-1].metrics is None:  # its latest scrape failed: stale, however recent
                 continue
             newest = answered[-1]
+            assert newest.metrics is not None
             old = [s for s in answered[:-1] if s.at <= now - self.window_s]
             baseline = old[-1] if old else (answered[0] if len(answered) > 1 else None)
-            out.append((baseline, newest, answered))
+            out.append(registry.PodWindow(baseline, newest.metrics, newest.at, answered))
         return out
 
     def quantile(self, role: str, q: float, now: float) -> float | None:
-        name = _LATENCY.get(role)
-        bounds: tuple[float, ...] | None = None
-        total: list[float] = []
-        for baseline, newest, _ in self._fresh(role, now):
-            assert newest.metrics is not None
-            hist = newest.metrics.histograms.get(name or "")
-            if hist is None or baseline is None:
-                continue  # one scrape is no window: wait for the next
-            assert baseline.metrics is not None
-            delta = _delta(baseline.metrics.histograms.get(name or ""), hist)
-            if bounds is not None and hist.bounds != bounds:
-                continue
-            bounds = hist.bounds
-            total = [a + b for a, b in zip(total, delta, strict=True)] if total else list(delta)
-        return None if bounds is None else _quantile(q, bounds, tuple(total))
+        """``q`` of the role's latency histogram (TTFT or TPOT) over the window."""
+        metric = registry.LATENCY.get(role)
+        return None if metric is None else registry.windowed_quantile(
+            self.fresh(role, now), metric, q)
 
-    @staticmethod
-    def _rate(read: Callable[[PodMetrics], float | None],
-              fresh: list[tuple[_Scrape | None, _Scrape, list[_Scrape]]]) -> float | None:
-        """Growth per second of a counter ``read`` from each pod's metrics, summed over the
-        pods with a window (a counter that went down restarted: all of it is new)."""
-        rate, seen = 0.0, False
-        for baseline, newest, _ in fresh:
-            if baseline is None or newest.at <= baseline.at:
-                continue
-            assert baseline.metrics is not None and newest.metrics is not None
-            now_v, then_v = read(newest.metrics), read(baseline.metrics)
-            if now_v is None:
-                continue
-            grown = now_v if then_v is None or then_v > now_v else now_v - then_v
-            rate += grown / (newest.at - baseline.at)
-            seen = True
-        return rate if seen else None
-
-    def _saturated_rate(self, name: str,
-                        fresh: list[tuple[_Scrape | None, _Scrape, list[_Scrape]]]
-                        ) -> float | None:
-        """Best per-pod token rate over an interval that began and ended with requests queued:
-        a pod with a standing queue works flat out, so that rate is what one replica can do.
-        (One request caught waiting at a single scrape is no saturation: at low load it would
-        read the low rate as capacity and grow the role every interval.)"""
-        best: float | None = None
-        for _, _, answered in fresh:
-            for a, b in itertools.pairwise(answered):
-                assert a.metrics is not None and b.metrics is not None
-                if (a.metrics.values.get(WAITING, 0.0) <= 0
-                        or b.metrics.values.get(WAITING, 0.0) <= 0 or b.at <= a.at):
-                    continue
-                grown = b.metrics.values.get(name, 0.0) - a.metrics.values.get(name, 0.0)
-                if grown > 0:
-                    r = grown / (b.at - a.at)
-                    best = r if best is None else max(best, r)
-        return best
+    def raw(self, role: str, now: float) -> dict[str, float | None]:
+        """Every registry signal of ``role``, reduced over its fresh pods (or the routers)."""
+        pods, routers = self.fresh(role, now), self.fresh(ROUTER, now)
+        return {s.key: s.reduce(routers if s.router else pods, s.metrics[role])
+                for s in registry.for_role(role)}
 
     def role_signals(self, role: str, now: float, *, ready: int, starting: int,
                      pending: int) -> RoleSignals:
-        fresh = self._fresh(role, now)
-        routers = self._fresh(ROUTER, now)
-        held = sum((n.metrics.values.get(WAITING, 0.0) if n.metrics else 0.0)
-                   for _, n, _ in routers)
-        if fresh:
-            queue: float | None = held + sum(
-                (n.metrics.values.get(WAITING, 0.0) if n.metrics else 0.0) for _, n, _ in fresh)
-        elif ready + starting == 0 and routers:
-            queue = held  # at zero only the router sees demand, and that is enough to wake it
-        else:
-            queue = None  # replicas exist but none answered: unknown, not empty
-        kv = None
-        if role == DECODE:
-            usages = [n.metrics.values[KV_USAGE] for _, n, _ in fresh
-                      if n.metrics and KV_USAGE in n.metrics.values]
-            kv = sum(usages) / len(usages) if usages else None
-        tokens = _TOKENS.get(role, "")
-        token_rate = self._rate(lambda m: m.values.get(tokens), fresh)
-        if token_rate is None and not fresh and ready + starting == 0 and routers:
-            token_rate = 0.0  # nothing exists to produce tokens
-        return RoleSignals(
-            latency_p90=self.quantile(role, 0.9, now), kv_usage=kv, queue_depth=queue,
-            token_rate=token_rate, throughput_per_replica=self._saturated_rate(tokens, fresh),
-            # Prefill's requests served/s (its TTFT observations) turn queue growth into demand.
-            request_rate=self._rate(_count_of(TTFT), fresh) if role == PREFILL else None,
-            ready=ready, starting=starting, pending=pending)
+        return registry.assemble(self.raw(role, now), ready=ready, starting=starting,
+                                 pending=pending)
 
 
 async def scrape(session: aiohttp.ClientSession, url: str, timeout_s: float) -> PodMetrics | None:
