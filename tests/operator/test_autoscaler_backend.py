@@ -9,8 +9,8 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
 
 import pytest
 import urllib3
@@ -20,14 +20,12 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from cleave.autoscaling import metrics, report
+from cleave.autoscaling.flips import FlipPlan
+from cleave.autoscaling.loop import AutoscalerLoop, Observed
 from cleave.autoscaling.pods import PodCounts
 from cleave.autoscaling.policy import Decision, RoleSignals, decide, seed
 from cleave.common import metric_names as names
-from cleave.operator.autoscaler.controller import (
-    ServiceAutoscaler,
-    Tick,
-    metrics_url,
-)
+from cleave.operator.autoscaler.controller import KubeBackend, metrics_url
 from cleave.operator.autoscaler.policy_from_spec import config_from_spec
 from cleave.operator.kube import Kube
 from cleave.operator.main import run_operator
@@ -215,6 +213,31 @@ class DecodeScaleFails(Kube):
         return super().scale(namespace, deployment, replicas)
 
 
+class Seen(KubeBackend):
+    """The Kubernetes backend observing set counts: two roles scaled each on its own."""
+
+    current: ClassVar[dict[str, int]] = {"decode": 1, "prefill": 2}
+
+    async def observe(self, now: float) -> Observed | None:
+        return Observed({}, dict(self.current), dict(self.current))
+
+
+class Wants:
+    """A decider asking for fixed replicas (the policy has tests of its own)."""
+
+    colocate = False
+
+    def __init__(self, desired: dict[str, int]) -> None:
+        self.desired = desired
+
+    def decide(self, now: float, obs: Observed) -> list[Decision]:
+        return [Decision(r, obs.current[r], n, f"{r} asks for {n}", {})
+                for r, n in self.desired.items()]
+
+    def plan(self, now: float, obs: Observed, desired: Mapping[str, int]) -> FlipPlan:
+        raise AssertionError("no flips without elastic roles")
+
+
 async def test_one_failed_scale_neither_blocks_the_other_role_nor_hides_a_done_one(
         emu: KubeEmulator) -> None:
     both = spec_of(AUTO, {"autoscaling": {"minReplicas": 1, "maxReplicas": 4,
@@ -224,19 +247,22 @@ async def test_one_failed_scale_neither_blocks_the_other_role_nor_hides_a_done_o
     obj = emu.get("llmservices", "default", "chat")
     assert obj is not None
     await asyncio.to_thread(reconcile, Kube(emu.api_client()), obj)
-    loop = ServiceAutoscaler(DecodeScaleFails(emu.api_client()))
-    tick = Tick((Decision("decode", 1, 3, "tpot asks for 3", {}),
-                 Decision("prefill", 2, 4, "ttft asks for 4", {})),
-                {"decode": 1, "prefill": 2}, {})
     told: list[tuple[str, str]] = []
-    done = await loop.publish(parse_spec(obj), tick, None, lambda *e: told.append(e))
-    assert [(c.role, c.desired) for c in done] == [("prefill", 4)]
+    backend = Seen(DecodeScaleFails(emu.api_client()))
+    backend.spec, backend.post_event = parse_spec(obj), lambda *e: told.append(e)
+    loop = AutoscalerLoop(backend, Wants({"decode": 3, "prefill": 4}))
+    tick = await loop.tick(0.0)
+    assert tick is not None and [(c.role, c.desired) for c in tick.done] == [("prefill", 4)]
     assert emu.get("deployments", "default", "chat-prefill")["spec"]["replicas"] == 4  # type: ignore[index]
     assert emu.get("deployments", "default", "chat-decode")["spec"]["replicas"] == 1  # type: ignore[index]
     # The scale that happened is told everywhere; the one that did not is not claimed.
     status = (emu.get("llmservices", "default", "chat") or {})["status"]["autoscaler"]
     assert [(d["role"], d["desired"]) for d in status["decisions"]] == [("prefill", 4)]
-    assert told == [("ScaledUp", "prefill 2 -> 4: ttft asks for 4")]
+    assert told == [("ScaledUp", "prefill 2 -> 4: prefill asks for 4")]
+    # The failed one is found again at the next tick, and told once it is done.
+    backend.kube, backend.current = Kube(emu.api_client()), {"decode": 1, "prefill": 4}
+    again = await loop.tick(1.0)
+    assert again is not None and [(c.role, c.desired) for c in again.done] == [("decode", 3)]
 
 
 # --- pods ---------------------------------------------------------------------------------

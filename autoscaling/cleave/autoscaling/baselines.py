@@ -18,17 +18,20 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from cleave.autoscaling.exposition import Histogram
+from cleave.autoscaling.flips import FlipPlan, WorkerView
+from cleave.autoscaling.loop import Observed
 from cleave.autoscaling.policy import (
     DECODE,
     PREFILL,
+    Decision,
     PolicyConfig,
     RoleSignals,
     ScalingState,
     decide,
 )
-from cleave.autoscaling.signals import Histogram
 
 ROLES = (PREFILL, DECODE)
 
@@ -50,6 +53,39 @@ class Autoscaler(Protocol):
 
 def current(s: RoleSignals) -> int:
     return s.ready + s.starting + s.pending
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """An elastic autoscaler: its per-role counts met by flips first."""
+
+    def plan(self, now: float, obs: Observation, desired: Mapping[str, int],
+             workers: Sequence[WorkerView]) -> FlipPlan: ...
+
+
+class AutoscalerDecider:
+    """Any :class:`Autoscaler` as the decider of the one autoscaler loop
+    (:mod:`cleave.autoscaling.loop`): what the simulator runs, Cleave's policy included."""
+
+    def __init__(self, autoscaler: Autoscaler) -> None:
+        self.autoscaler = autoscaler
+
+    @property
+    def colocate(self) -> bool:
+        state = getattr(self.autoscaler, "state", None)
+        return bool(getattr(state, "colocate", False))
+
+    @staticmethod
+    def observation(obs: Observed) -> Observation:
+        return Observation(obs.signals, obs.in_flight, obs.gateway)
+
+    def decide(self, now: float, obs: Observed) -> list[Decision]:
+        out = self.autoscaler.decide(now, self.observation(obs))
+        return [Decision(r, current(obs.signals[r]), *out[r], {}) for r in ROLES if r in out]
+
+    def plan(self, now: float, obs: Observed, desired: Mapping[str, int]) -> FlipPlan:
+        assert isinstance(self.autoscaler, Planner) and obs.workers is not None
+        return self.autoscaler.plan(now, self.observation(obs), desired, obs.workers)
 
 
 class CleaveAutoscaler:

@@ -10,8 +10,9 @@ and with no decode worker up a prefill worker serves whole requests. Replicas cl
 when scheduled, serve after a cold start, are slow for their first steps, and drain before they
 go; a flip stops a worker's intake for ``flip_s``. Every ``interval_s`` the autoscaler decides
 from what was scraped ``scrape_lag_s`` earlier into the operator's own
-:class:`~cleave.autoscaling.signals.SignalCollector`; an elastic autoscaler then plans flips
-with :func:`cleave.autoscaling.flips.plan_flips`.
+:class:`~cleave.autoscaling.signals.SignalCollector`, through the one autoscaler loop
+(:mod:`cleave.autoscaling.loop`) with this simulation as its backend; an elastic autoscaler
+then plans flips with :func:`cleave.autoscaling.flips.plan_flips`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import heapq
 from collections.abc import Callable
 from dataclasses import replace
 
-from cleave.autoscaling.baselines import ROLES, Autoscaler, Observation
+from cleave.autoscaling.baselines import ROLES, Autoscaler, AutoscalerDecider, Planner
 from cleave.autoscaling.flips import FlipPlan, WorkerView
 from cleave.autoscaling.llmd import EPP_TPOT_BUCKETS, EPP_TTFT_BUCKETS
+from cleave.autoscaling.loop import AutoscalerLoop, Observed, Tick, run_now
 from cleave.autoscaling.policy import DECODE, PREFILL
+from cleave.autoscaling.report import Change
 from cleave.autoscaling.signals import TPOT, TTFT, WAITING, Histogram, PodMetrics, SignalCollector
 from cleave.autoscaling.simreplicas import INF, RUNNING, Lifetime, SimRequest, _Hist
 from cleave.autoscaling.simresult import Sample, SimConfig, SimResult, p90
@@ -66,6 +69,9 @@ class Simulation:
         self.gateway = {TTFT: _Hist(EPP_TTFT_BUCKETS), TPOT: _Hist(EPP_TPOT_BUCKETS)}
         self._gateway_marks = [0, 0]
         self._gateway_seen: dict[str, Histogram] = {}
+        # The one autoscaler loop, this simulation its backend: every tick re-applies what
+        # was decided (a scale also places replicas that waited for GPUs).
+        self.loop = AutoscalerLoop(self, AutoscalerDecider(autoscaler), act_every_tick=True)
 
     def _push(self, t: float, kind: int, obj: object) -> None:
         self._seq += 1
@@ -258,6 +264,11 @@ class Simulation:
         return ready, starting
 
     def _tick(self, now: float) -> None:
+        run_now(self.loop.tick(now))
+
+    # --- the loop's backend (cleave.autoscaling.loop): no I/O, so no event loop either --------
+
+    async def observe(self, now: float) -> Observed:
         signals, in_flight = {}, {}
         for role in ROLES:
             ready, starting = self._counts(role, now)
@@ -266,23 +277,28 @@ class Simulation:
             in_flight[role] = float(sum(w.load for w in self._live() if w.role in (role, BOTH)))
         in_flight[PREFILL] += len(self.held)
         in_flight[DECODE] += len(self.held_decode)
-        obs = Observation(signals, in_flight, self._gateway_seen)
-        decisions = self.autoscaler.decide(now, obs)
-        desired = {r: decisions[r][0] for r in ROLES if r in decisions}
-        for role, want in desired.items():
-            if want != signals[role].ready + signals[role].starting + signals[role].pending:
-                self.result.reasons.append((now, role, want, decisions[role][1]))
-        plan_fn = getattr(self.autoscaler, "plan", None)
-        if plan_fn is not None and not self.cfg.aggregated:
-            views = [WorkerView(w.name, w.home, w.role, w.life.ready_at <= now, float(w.load))
-                     for w in self._live()]
-            plan = plan_fn(now, obs, desired, views)
-            if plan.flips or plan.remove or any(plan.start.values()):
-                self.result.reasons.append((now, "plan", sum(desired.values()), plan.reason))
-            self._apply(plan, now)
-        else:
-            for role, want in desired.items():
-                self._scale(role, want, now)
+        current = {r: s.ready + s.starting + s.pending for r, s in signals.items()}
+        workers = None
+        if isinstance(self.autoscaler, Planner) and not self.cfg.aggregated:
+            workers = tuple(WorkerView(w.name, w.home, w.role, w.life.ready_at <= now,
+                                       float(w.load)) for w in self._live())
+        return Observed(signals, current, current, workers, in_flight, self._gateway_seen)
+
+    async def scale(self, change: Change, now: float) -> bool:
+        self._scale(change.role, change.desired, now)
+        return True
+
+    async def carry_out(self, plan: FlipPlan, now: float) -> bool:
+        self._apply(plan, now)
+        return True
+
+    async def tell(self, tick: Tick) -> None:
+        now, desired = tick.now, {d.role: d.desired for d in tick.decisions}
+        self.result.reasons += [(now, d.role, d.desired, d.reason) for d in tick.decisions
+                                if d.desired != d.current]
+        plan = tick.plan
+        if plan is not None and (plan.flips or plan.remove or any(plan.start.values())):
+            self.result.reasons.append((now, "plan", sum(desired.values()), plan.reason))
         self._sample(now, tuple(desired.get(r, 0) for r in ROLES))
         if self.progress is not None:
             self.progress(now, self.trace.duration)

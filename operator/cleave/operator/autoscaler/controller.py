@@ -1,10 +1,11 @@
-"""The Kubernetes scale backend: one LLMService's autoscaler loop state and one tick of it.
+"""The Kubernetes backend of the one autoscaler loop (:mod:`cleave.autoscaling.loop`).
 
 A tick lists each role's Deployment and pods, scrapes every ready pod's ``/metrics`` (workers
 and routers: the router's held requests are the demand signal of a role at zero) or asks
-Prometheus, turns that into the policy's signals, runs :func:`policy.decide`, and then scales
-the Deployments it owns and publishes what changed (``report``: status, Event, log; metrics).
-All API access goes through :class:`~cleave.operator.kube.Kube`.
+Prometheus, turns that into the policy's signals; the loop runs :func:`policy.decide` and
+then this backend scales the Deployments it owns (or flips pods, with elastic roles) and
+publishes what changed (``report``: status, Event, log; metrics). All API access goes through
+:class:`~cleave.operator.kube.Kube`.
 
 State (the collector's scrape history and the policy's recommendation history) lives in
 memory only. Losing it on an operator restart is safe: a fresh collector has no window, so
@@ -19,8 +20,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -28,16 +28,10 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from cleave.autoscaling import metrics, report
-from cleave.autoscaling.flips import FlipPlan, WorkerView, plan_flips
+from cleave.autoscaling.flips import FlipPlan
+from cleave.autoscaling.loop import AutoscalerLoop, Observed, PolicyDecider, Tick
 from cleave.autoscaling.pods import PodCounts
-from cleave.autoscaling.policy import (
-    Decision,
-    PolicyConfig,
-    RoleSignals,
-    ScalingState,
-    decide,
-    seed,
-)
+from cleave.autoscaling.policy import Decision, PolicyConfig, RoleSignals
 from cleave.autoscaling.signals import ROUTER, SignalCollector, Target, collect
 from cleave.operator import builders, security
 from cleave.operator.autoscaler import flips, prometheus
@@ -85,34 +79,37 @@ def metrics_url(pod: Mapping[str, Any]) -> str | None:
 
 
 @dataclass(frozen=True)
-class Tick:
-    decisions: tuple[Decision, ...]  # of the roles the autoscaler owns
-    replicas: Mapping[str, int]  # their Deployments' replicas
-    signals: Mapping[str, RoleSignals]
-    # Elastic roles (both roles autoscaled): workers per current role, the worker pods as the
-    # planner sees them, and the pods by name (to flip them). Empty otherwise.
-    current: Mapping[str, int] | None = None
-    workers: tuple[WorkerView, ...] = ()
-    pods: Mapping[str, Mapping[str, Any]] | None = None
-    auth: Mapping[str, str] | None = None  # the header of a call to a worker's /internal/*
-    colocate: bool = False  # the policy's floor: one worker serves both roles
+class _Elastic:
+    """What carrying out a flip plan needs from the observation it was planned on."""
+
+    pods: Mapping[str, Mapping[str, Any]]  # the live worker pods by name
+    auth: Mapping[str, str]  # the header of a call to a worker's /internal/*
 
 
-def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class ServiceAutoscaler:
-    """One LLMService's autoscaler: its collector, policy state and last published block."""
+class KubeBackend:
+    """The one autoscaler loop's (:mod:`cleave.autoscaling.loop`) Kubernetes backend for one
+    LLMService: Deployments and pods through :class:`Kube`, signals scraped from the pods or
+    asked of Prometheus, and what was done told in ``status.autoscaler``, Events, logs and the
+    operator's metrics. :class:`ServiceAutoscaler` sets the spec, session and Event poster
+    before each tick."""
 
     def __init__(self, kube: Kube, scrape_timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
         self.kube = kube
         self.scrape_timeout_s = scrape_timeout_s
         self.collector: SignalCollector | None = None
-        self.state: ScalingState | None = None
-        self.published: dict[str, Any] | None = None  # the status block this loop last wrote
-        self._problem = ""
-        self._colocated = False  # the floor as last carried out
+        self.spec: LLMServiceSpec | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.post_event: PostEvent = lambda reason, message: None
+        self._replicas: dict[str, int] = {}  # each worker Deployment's, as last observed
+        self._elastic: _Elastic | None = None
+
+    def _spec(self) -> LLMServiceSpec:
+        assert self.spec is not None, "set before a tick"
+        return self.spec
+
+    def _session(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "set before a tick"
+        return self.session
 
     def _collector(self, spec: LLMServiceSpec) -> SignalCollector:
         window = spec.autoscaler.window_seconds
@@ -147,9 +144,10 @@ class ServiceAutoscaler:
             out[r] = got or RoleSignals(ready=c.ready, starting=c.starting, pending=c.pending)
         return out
 
-    async def tick(self, spec: LLMServiceSpec, cfg: PolicyConfig,
-                   session: aiohttp.ClientSession, now: float) -> Tick | None:
-        """Observe, scrape and decide; None when there is nothing to decide yet."""
+    async def observe(self, now: float) -> Observed | None:
+        """Deployments, pods (in their current roles) and signals; None when there is nothing
+        to decide yet."""
+        spec, session = self._spec(), self._session()
         owned = spec.autoscaled_roles()
         if not owned:
             return None
@@ -173,93 +171,21 @@ class ServiceAutoscaler:
             signals = await self._from_prometheus(spec, session, counts)
         else:
             signals = await self._scraped(spec, session, views, counts, now, roles_now)
-        if self.state is None:
-            self.state = seed(now, replicas)
-        decisions, self.state = decide(now, signals, cfg, self.state)
-        tick = Tick(tuple(d for d in decisions if d.role in owned),
-                    {r: replicas[r] for r in owned}, signals)
+        self._replicas = replicas
         if not elastic:
-            return tick
-        return replace(tick, current={r: c.ready + c.starting + c.pending
-                                      for r, c in counts.items()},
-                       workers=tuple(flips.worker_views(pods, roles_now)),
-                       pods={str(p["metadata"]["name"]): p for ps in pods.values()
-                             for p in live_pods(ps)}, auth=auth,
-                       colocate=self.state.colocate)
+            self._elastic = None
+            return Observed(signals, {r: replicas[r] for r in owned}, replicas)
+        self._elastic = _Elastic({str(p["metadata"]["name"]): p for ps in pods.values()
+                                  for p in live_pods(ps)}, auth)
+        # Elastic: a change is measured against the workers per current role.
+        return Observed(signals, {r: c.ready + c.starting + c.pending for r, c in counts.items()},
+                        replicas, tuple(flips.worker_views(pods, roles_now)))
 
-    async def publish(self, spec: LLMServiceSpec, tick: Tick, previous: Mapping[str, Any] | None,
-                      post_event: PostEvent,
-                      session: aiohttp.ClientSession | None = None) -> list[report.Change]:
-        """Scale what changed (unless advisory), then tell it: status, Events, logs, metrics.
-        With elastic roles the changes are met by a flip plan: flips first, then replicas."""
-        dry = spec.autoscaler.dry_run
-        previous = self.published if self.published is not None else previous
-        found = report.changes(tick.decisions, tick.current or tick.replicas, previous, dry)
-        done = []
-        # The floor (policy.decide's colocate) changes the workers without changing a count.
-        floor_moved = tick.colocate != self._colocated and not dry
-        if tick.current is not None and session is not None and (
-                any(c.act for c in found) or floor_moved):
-            plan = await self._carry_out(spec, tick, session, post_event)
-            if plan is not None:  # else the next tick finds the same changes and tries again
-                done = [replace(c, decision=replace(
-                    c.decision, reason=f"{c.decision.reason}; plan: {plan.reason}"))
-                    for c in found]
-            found = []
-        for change in found:
-            if change.act and not await self._scale(spec, change):
-                continue  # not scaled: the next tick finds the same change and tries again
-            done.append(change)
-        for d in tick.decisions:
-            metrics.set_desired(spec.name, spec.namespace, d.role, d.desired, dry)
-        # A role no longer autoscaled keeps no frozen desired-replicas series behind.
-        metrics.forget(spec.name, spec.namespace, keep=[d.role for d in tick.decisions])
-        if report.needs_write(previous, done, dry):
-            block = report.status_block(previous, done, {d.role: d.desired
-                                                         for d in tick.decisions},
-                                        dry, _now_iso())
-            await asyncio.to_thread(self.kube.patch_status, spec.namespace, spec.name,
-                                    {"autoscaler": block})
-            self.published = block
-        for change in done:
-            post_event(*report.event(change))
-            log.info(report.log_line(f"{spec.namespace}/{spec.name}", change))
-            metrics.count_decision(spec.name, spec.namespace, change.role, change.direction,
-                                   not change.act)
-        return done
-
-    async def _carry_out(self, spec: LLMServiceSpec, tick: Tick,
-                         session: aiohttp.ClientSession,
-                         post_event: PostEvent) -> FlipPlan | None:
-        """Meet the desired workers per current role: flip the pods the plan names, then set
-        each home Deployment's replicas (a scale-down lets the ReplicaSet pick: not-ready pods
-        first). None if any step failed (the next tick plans again from what is)."""
-        assert tick.pods is not None
-        plan = plan_flips({d.role: d.desired for d in tick.decisions}, tick.workers,
-                          tick.colocate)
-        where = f"{spec.namespace}/{spec.name}"
-        ok = True
-        for name, role in plan.flips:
-            problem = await flips.flip(session, tick.pods[name], role, self.scrape_timeout_s,
-                                       tick.auth or {})
-            if problem is None:
-                post_event("Flipped", f"pod {name} now serves the {role} role ({plan.reason})")
-                log.info("%s: flipped pod %s to the %s role", where, name, role)
-            else:
-                log.warning("%s: cannot flip pod %s to %s: %s", where, name, role, problem)
-                ok = False
-        for home, n in plan.replicas.items():
-            if n != tick.replicas.get(home, n):
-                d = Decision(home, tick.replicas[home], n, plan.reason, {})
-                ok = await self._scale(spec, report.Change(d, tick.replicas[home], True)) and ok
-        if ok:
-            self._colocated = tick.colocate
-        return plan if ok else None
-
-    async def _scale(self, spec: LLMServiceSpec, change: report.Change) -> bool:
+    async def scale(self, change: report.Change, now: float) -> bool:
         """Scale one role's Deployment; False if that did not happen. One role's failure must
         not cost the other role its scale, nor a scale already made its status, Event and log
         (the next tick would find nothing left to change and never tell it)."""
+        spec = self._spec()
         name = f"{spec.name}-{change.role}"
         try:
             if await asyncio.to_thread(self.kube.scale, spec.namespace, name, change.desired):
@@ -271,6 +197,57 @@ class ServiceAutoscaler:
                     change.desired, reason)
         return False
 
+    async def carry_out(self, plan: FlipPlan, now: float) -> bool:
+        """Flip the pods the plan names, then set each home Deployment's replicas (a
+        scale-down lets the ReplicaSet pick: not-ready pods first). False if any step failed
+        (the next tick plans again from what is)."""
+        spec, session = self._spec(), self._session()
+        assert self._elastic is not None
+        where = f"{spec.namespace}/{spec.name}"
+        ok = True
+        for name, role in plan.flips:
+            problem = await flips.flip(session, self._elastic.pods[name], role,
+                                       self.scrape_timeout_s, self._elastic.auth)
+            if problem is None:
+                self.post_event("Flipped",
+                                f"pod {name} now serves the {role} role ({plan.reason})")
+                log.info("%s: flipped pod %s to the %s role", where, name, role)
+            else:
+                log.warning("%s: cannot flip pod %s to %s: %s", where, name, role, problem)
+                ok = False
+        for home, n in plan.replicas.items():
+            was = self._replicas.get(home, n)
+            if n != was:
+                d = Decision(home, was, n, plan.reason, {})
+                ok = await self.scale(report.Change(d, was, True), now) and ok
+        return ok
+
+    async def tell(self, tick: Tick) -> None:
+        spec = self._spec()
+        dry = spec.autoscaler.dry_run
+        for d in tick.decisions:
+            metrics.set_desired(spec.name, spec.namespace, d.role, d.desired, dry)
+        # A role no longer autoscaled keeps no frozen desired-replicas series behind.
+        metrics.forget(spec.name, spec.namespace, keep=[d.role for d in tick.decisions])
+        if tick.status is not None:
+            await asyncio.to_thread(self.kube.patch_status, spec.namespace, spec.name,
+                                    {"autoscaler": dict(tick.status)})
+        for change in tick.done:
+            self.post_event(*report.event(change))
+            log.info(report.log_line(f"{spec.namespace}/{spec.name}", change))
+            metrics.count_decision(spec.name, spec.namespace, change.role, change.direction,
+                                   not change.act)
+
+
+class ServiceAutoscaler:
+    """One LLMService's autoscaler: the one loop, its Kubernetes backend, Cleave's policy."""
+
+    def __init__(self, kube: Kube, scrape_timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+        self.backend = KubeBackend(kube, scrape_timeout_s)
+        self.decider = PolicyDecider(PolicyConfig({}))
+        self.loop = AutoscalerLoop(self.backend, self.decider)
+        self._problem = ""
+
     async def run_once(self, obj: Mapping[str, Any], session: aiohttp.ClientSession,
                        now: float, post_event: PostEvent) -> float:
         """One tick of the loop for the LLMService ``obj``; returns the seconds to wait."""
@@ -279,15 +256,17 @@ class ServiceAutoscaler:
         except SpecError:
             return 5.0  # the reconcile reports the spec; look again soon
         try:
-            cfg = config_from_spec(spec)
+            self.decider.config = config_from_spec(spec)
         except ValueError as e:  # e.g. the minimum replicas alone need more than the budget
             if str(e) != self._problem:
                 log.warning("%s/%s: cannot autoscale: %s", spec.namespace, spec.name, e)
                 self._problem = str(e)
             return interval_seconds(spec)
         self._problem = ""
-        tick = await self.tick(spec, cfg, session, now)
-        if tick is not None:
-            await self.publish(spec, tick, (obj.get("status") or {}).get("autoscaler"),
-                               post_event, session)
+        b = self.backend
+        b.spec, b.session, b.post_event = spec, session, post_event
+        self.loop.advisory = spec.autoscaler.dry_run
+        if self.loop.told is None:  # after a restart: what the status already tells
+            self.loop.told = (obj.get("status") or {}).get("autoscaler")
+        await self.loop.tick(now)
         return interval_seconds(spec)

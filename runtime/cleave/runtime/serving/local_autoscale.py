@@ -1,12 +1,13 @@
-"""``cleave up --autoscale``: the operator's scaling policy, driving local worker processes.
+"""``cleave up --autoscale``: the local backend of the one autoscaler loop
+(:mod:`cleave.autoscaling.loop`), driving worker processes with the operator's policy.
 
 Every interval: scrape each ready worker's and the router's ``/metrics``, turn them into
-per-role signals (the same ``SignalCollector`` the operator uses), ask the same pure
-``policy.decide`` for desired replicas, log each decision that changes anything with its reason
-and inputs, and start or drain worker processes. A worker is removed in order: out of the
-router's list first (the workers file), then, once the router holds no request on it, SIGTERM,
-on which the worker finishes what it has and exits. With ``--advisory`` nothing is changed:
-the decisions are only logged.
+per-role signals (the same ``SignalCollector`` and signal registry the operator uses); the loop
+asks the same pure ``policy.decide`` for desired replicas; this backend starts or drains worker
+processes and logs each decision that changed anything with its reason and inputs. A worker
+is removed in order: out of the router's list first (the workers file), then, once the router
+holds no request on it, SIGTERM, on which the worker finishes what it has and exits. With
+``--advisory`` nothing is changed: the decisions are only logged.
 
 Elastic roles (docs/autoscaling.md): with both roles and flips on, the per-role decisions are
 met by ``flips.plan_flips`` first: a warm worker the other role can spare is flipped
@@ -34,9 +35,10 @@ from typing import Any
 import aiohttp
 
 from cleave.autoscaling import metrics, report
-from cleave.autoscaling.flips import BOTH, FlipPlan, WorkerView, plan_flips
+from cleave.autoscaling.flips import BOTH, FlipPlan, WorkerView
+from cleave.autoscaling.loop import AutoscalerLoop, Observed, PolicyDecider, Tick
 from cleave.autoscaling.pods import PodCounts
-from cleave.autoscaling.policy import Decision, ScalingState, decide, seed
+from cleave.autoscaling.policy import Decision, ScalingState
 from cleave.autoscaling.signals import SignalCollector, Target, collect
 from cleave.runtime.serving.autoscale_settings import AutoscaleSettings
 from cleave.runtime.serving.internal_auth import bearer
@@ -62,14 +64,21 @@ class LocalAutoscaler:
         # Stale after a few missed scrapes, never sooner than a slow scrape could answer.
         self.collector = SignalCollector(settings.metrics_window_s,
                                          stale_after_s=max(10.0, 3 * settings.interval_s))
-        self.state: ScalingState | None = None  # seeded at the first tick
-        # What the operator keeps in status.autoscaler, in memory: which decisions were told.
-        self.told: dict[str, Any] | None = None
+        self.decider = PolicyDecider(settings.policy)
+        self.loop = AutoscalerLoop(self, self.decider, advisory=settings.advisory)
+        # Set by each tick for the backend's steps: the session, and the workers observed.
+        self._session: aiohttp.ClientSession | None = None
+        self._ready: dict[str, list[LocalProcess]] = {}
+        self._starting: dict[str, list[LocalProcess]] = {}
         self._drains: set[asyncio.Task[None]] = set()
         # Flipped workers: name -> (the process it was flipped in, its current role). Keyed
         # by pid too, so a restarted process is back in its home role.
         self._flipped: dict[str, tuple[int, str]] = {}
-        self._colocated = False  # the floor as last planned
+
+    @property
+    def state(self) -> ScalingState | None:
+        """The policy's state (None before the first tick)."""
+        return self.decider.state
 
     def role_now(self, p: LocalProcess) -> str:
         """A worker's current role: its home role unless this process was flipped."""
@@ -101,83 +110,80 @@ class LocalAutoscaler:
                 await asyncio.gather(*self._drains, return_exceptions=True)
 
     async def tick(self, session: aiohttp.ClientSession) -> tuple[Decision, ...]:
+        """One interval of the loop; the decisions made."""
+        self._session = session
+        tick = await self.loop.tick(time.monotonic())
+        return () if tick is None else tick.decisions
+
+    # --- the loop's backend -----------------------------------------------------------------
+
+    async def observe(self, now: float) -> Observed:
         roles = self.settings.worker_roles
         live = self.sup.workers(sorted(set(roles.values())), READY)
         # A worker serving both roles (the floor) is ready in each.
         ready = {r: [p for p in live if self.role_now(p) in (w, BOTH)] for r, w in roles.items()}
         starting = {r: self.sup.workers([w], STARTING) for r, w in roles.items()}
+        self._ready, self._starting = ready, starting
         # The router's held requests are the demand of a role at zero: scrape it too.
         routers = [p for p in self.sup.all() if p.role == "router"]
-        now = time.monotonic()
+        assert self._session is not None
         signals = await collect(
-            self.collector, session, [Target(p.name, self.role_now(p), p.url + "/metrics")
-                                      for p in [*live, *routers]],
+            self.collector, self._session,
+            [Target(p.name, self.role_now(p), p.url + "/metrics") for p in [*live, *routers]],
             {r: PodCounts(ready=len(ready[r]), starting=len(starting[r])) for r in roles},
             now, timeout_s=min(2.0, self.settings.interval_s))
-        if self.state is None:
-            # As the operator does: workers up at start count as recommended already, so none
-            # is removed before a whole --scale-down-window of decisions agrees.
-            self.state = seed(now, {r: len(ready[r]) + len(starting[r]) for r in roles})
-        decisions, self.state = decide(now, signals, self.settings.policy, self.state)
-        advisory = self.settings.advisory
-        # The operator's rule for what to tell (and act on): a desired count that differs
-        # from the current one; in advisory mode, from the last one told, so a standing
-        # recommendation is logged once.
-        found = report.changes(decisions, {d.role: d.current for d in decisions}, self.told,
-                               advisory)
-        for d in decisions:
+        up = {r: len(ready[r]) + len(starting[r]) for r in roles}
+        views = None
+        if self.settings.flips:  # each worker in its current role, for the flip planner
+            views = tuple({p.name: WorkerView(p.name, p.role, self.role_now(p), True)
+                           for procs in ready.values() for p in procs}.values())
+            views += tuple(WorkerView(p.name, p.role, p.role, False)
+                           for procs in starting.values() for p in procs)
+        return Observed(signals, up, up, views)
+
+    async def scale(self, change: report.Change, now: float) -> bool:
+        assert self._session is not None
+        return self._apply(self._session, change.decision, self._ready[change.role],
+                           self._starting[change.role])
+
+    async def carry_out(self, plan: FlipPlan, now: float) -> bool:
+        """Flips first, then new workers, then drains of what is left over (the operator's
+        plan, on local processes); False if a flip failed (the next tick plans again)."""
+        assert self._session is not None
+        self.sup.say(f"autoscaler plan: {plan.reason}")
+        procs = {p.name: p for p in self.sup.all()}
+        ok = True
+        for name, role in plan.flips:
+            ok = await self._flip(self._session, procs[name], role) and ok
+        for role, n in plan.start.items():
+            for _ in range(n):
+                try:
+                    p = self.sup.spawn_worker(self.settings.worker_roles[role])
+                except RuntimeError:
+                    return False  # stopping
+                self.sup.say(f"starting {p.name} on {p.url}")
+        for name in plan.remove:
+            self._start_drain(self._session, procs[name])
+        return ok
+
+    async def tell(self, tick: Tick) -> None:
+        """As the operator tells it, less the Event: log lines, metrics, the status file."""
+        roles, advisory = self.settings.worker_roles, self.settings.advisory
+        for d in tick.decisions:
             metrics.set_desired(SERVICE, NAMESPACE, roles[d.role], d.desired, advisory)
-        for change in found:
+        for change in tick.done:
             self.sup.say(report.log_line("", change, role=roles[change.role]))
             metrics.count_decision(SERVICE, NAMESPACE, roles[change.role], change.direction,
                                    advisory)
-        acting = [c for c in found if c.act]
-        # The floor (policy.decide's colocate) changes the workers without changing a count.
-        floor_moved = self.state.colocate != self._colocated
-        if (acting or floor_moved) and self.settings.flips:
-            await self._replan(session, {d.role: d.desired for d in decisions}, ready, starting)
-        for change in acting if not self.settings.flips else ():
-            self._apply(session, change.decision, ready[change.role], starting[change.role])
-        if report.needs_write(self.told, found, advisory):
-            self.told = report.status_block(
-                self.told, found, {d.role: d.desired for d in decisions}, advisory,
-                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-            self._write_status(self.told)
-        return decisions
+        if tick.status is not None:
+            self._write_status(tick.status)
 
     def _write_status(self, block: Mapping[str, Any]) -> None:
         """The status block as a file: written aside and renamed, so a reader never sees half."""
         if self.status_path is not None:
             write_atomically(self.status_path, json.dumps(block, indent=2) + "\n")
 
-    async def _replan(self, session: aiohttp.ClientSession, desired: Mapping[str, int],
-                      ready: Mapping[str, Sequence[LocalProcess]],
-                      starting: Mapping[str, Sequence[LocalProcess]]) -> FlipPlan:
-        """Meet the desired counts per current role: flips first, then new workers, then
-        drains of what is left over (the operator's plan, on local processes)."""
-        views = list({p.name: WorkerView(p.name, p.role, self.role_now(p), True)
-                      for procs in ready.values() for p in procs}.values())
-        views += [WorkerView(p.name, p.role, p.role, False)
-                  for procs in starting.values() for p in procs]
-        assert self.state is not None
-        plan = plan_flips(desired, views, self.state.colocate)
-        self._colocated = self.state.colocate
-        self.sup.say(f"autoscaler plan: {plan.reason}")
-        procs = {p.name: p for p in self.sup.all()}
-        for name, role in plan.flips:
-            await self._flip(session, procs[name], role)
-        for role, n in plan.start.items():
-            for _ in range(n):
-                try:
-                    p = self.sup.spawn_worker(self.settings.worker_roles[role])
-                except RuntimeError:
-                    return plan  # stopping
-                self.sup.say(f"starting {p.name} on {p.url}")
-        for name in plan.remove:
-            self._start_drain(session, procs[name])
-        return plan
-
-    async def _flip(self, session: aiohttp.ClientSession, p: LocalProcess, role: str) -> None:
+    async def _flip(self, session: aiohttp.ClientSession, p: LocalProcess, role: str) -> bool:
         try:
             async with session.post(p.url + "/internal/role", json={"role": role},
                                     headers=self._internal,
@@ -191,6 +197,7 @@ class LocalAutoscaler:
             self.sup.say(f"flipped {p.name} ({p.role} worker) to the {role} role")
         else:
             self.sup.say(f"could not flip {p.name} to {role}: {detail}")
+        return ok
 
     def _start_drain(self, session: aiohttp.ClientSession, p: LocalProcess) -> None:
         task = asyncio.create_task(self._drain(session, p))
@@ -198,18 +205,20 @@ class LocalAutoscaler:
         task.add_done_callback(self._drains.discard)
 
     def _apply(self, session: aiohttp.ClientSession, d: Decision,
-               ready: Sequence[LocalProcess], starting: Sequence[LocalProcess]) -> None:
+               ready: Sequence[LocalProcess], starting: Sequence[LocalProcess]) -> bool:
+        """Start or drain workers of one role; False when stopping (nothing more starts)."""
         if d.desired > d.current:
             for _ in range(d.desired - d.current):
                 try:
                     p = self.sup.spawn_worker(self.settings.worker_roles[d.role])
                 except RuntimeError:
-                    return  # stopping
+                    return False  # stopping
                 self.sup.say(f"starting {p.name} on {p.url}")
-            return
+            return True
         # Cheapest first: a worker still starting holds no request; then the newest ones.
         for p in [*reversed(starting), *reversed(ready)][:d.current - d.desired]:
             self._start_drain(session, p)
+        return True
 
     async def _drain(self, session: aiohttp.ClientSession, p: LocalProcess) -> None:
         was = self.sup.begin_drain(p)
