@@ -44,6 +44,18 @@ class KVFingerprint:
         return hashlib.sha256(self.canonical_bytes()).digest()
 
 
+def salted_root(root: bytes, cache_salt: str | None) -> bytes:
+    """The chain root of a request with vLLM's per-request ``cache_salt``.
+
+    Salting the root changes every block hash of the request, so requests with different salts
+    share no block (in an engine's prefix cache or in the store, whose keys are the hashes),
+    while requests with the same salt share them as usual. No salt: the service's own root.
+    """
+    if not cache_salt:
+        return root
+    return hashlib.sha256(root + b"cache_salt\x00" + cache_salt.encode()).digest()
+
+
 def _token_bytes(token_ids: Sequence[int]) -> bytes:
     # Fixed-width little-endian uint32: identical bytes on every platform.
     return struct.pack(f"<{len(token_ids)}I", *token_ids)

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import torch
 
-from cleave.kv_store.block_hash import chain_hashes
+from cleave.kv_store.block_hash import chain_hashes, salted_root
 from cleave.kv_store.codec import HeaderWriter
 from cleave.kv_store.store import BlockStore, EncodedBlock, StoredBlock, StoreUnavailable
 from cleave.runtime.engine.async_engine import AsyncEngine, last_output
@@ -143,14 +143,17 @@ class KVStoreConnector:
             return None
         return torch.frombuffer(block.payload, dtype=self.dtype).view(self.block_shape)
 
-    async def load_prefix(self, prompt: list[int]) -> KVHandoff | None:
+    async def load_prefix(self, prompt: list[int],
+                          cache_salt: str | None = None) -> KVHandoff | None:
         """The prompt's longest cached prefix as a handoff, or None on a miss or trouble.
+        Looked up under the request's ``cache_salt``: blocks of other salts are not found.
 
         The payloads stay views of the memory Redis's replies were received into: the one
         copy on this path is the engine's into its pool.
         """
         # The last token is always recomputed, so at most (n - 1) // block_size blocks matter.
-        hashes = chain_hashes(self.root_hash, prompt[:len(prompt) - 1], self.block_size)
+        hashes = chain_hashes(salted_root(self.root_hash, cache_salt),
+                              prompt[:len(prompt) - 1], self.block_size)
         if not hashes:
             return None
         tensors = await self._transfer("load", self.store.fetch_prefix_as(hashes, self._tensor),
@@ -167,7 +170,7 @@ class KVStoreConnector:
         Returns the final output, whose ``handoff`` carries the first token and every full
         block (the decode side may take it directly or from the store).
         """
-        cached = await self.load_prefix(prompt)
+        cached = await self.load_prefix(prompt, params.cache_salt)
         if cached:
             KV_LOADED_BLOCKS.labels("prefix").inc(len(cached.blocks))
         final = await last_output(self.engine.generate(prompt, params, request_id=request_id,
@@ -187,7 +190,7 @@ class KVStoreConnector:
         Missing blocks are recomputed, or with ``recompute_missing=False`` the request fails
         with :class:`KVBlocksMissing` before any token.
         """
-        cached = await self.load_prefix(prompt)
+        cached = await self.load_prefix(prompt, params.cache_salt)
         loaded = len(cached.blocks) if cached else 0
         KV_LOADED_BLOCKS.labels("decode").inc(loaded)
         if loaded < (len(prompt) - 1) // self.block_size:

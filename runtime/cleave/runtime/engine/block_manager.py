@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from cleave.kv_store.block_hash import next_block_hash
+from cleave.kv_store.block_hash import next_block_hash, salted_root
 from cleave.runtime.engine.sequence import Sequence
 
 
@@ -48,7 +48,9 @@ class BlockManager:
         """Make ``seq.block_hashes`` cover every full block within its first ``upto_tokens``."""
         bs = self.block_size
         for i in range(len(seq.block_hashes), upto_tokens // bs):
-            parent = seq.block_hashes[i - 1] if i else self.root_hash
+            # A request's cache_salt salts its chain: it shares blocks with its own salt only.
+            parent = seq.block_hashes[i - 1] if i else salted_root(self.root_hash,
+                                                                   seq.params.cache_salt)
             seq.block_hashes.append(next_block_hash(parent, seq.token_ids[i * bs : (i + 1) * bs]))
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cleave.kv_store.block_hash import KVFingerprint, chain_hashes
+from cleave.kv_store.block_hash import KVFingerprint, chain_hashes, salted_root
 from cleave.kv_store.codec import header_size
 from cleave.runtime.engine.block_manager import BlockManager
 from cleave.runtime.engine.config import EngineConfig, GiB
@@ -221,15 +221,17 @@ class LLMEngine:
                 seq.token_ids.extend(out)
                 if kv.first_logprob is not None and not kv.earlier_tokens:
                     seq.logprobs.append(kv.first_logprob)
-            seq.num_external_blocks = self._verified_blocks(ids, kv)
+            seq.num_external_blocks = self._verified_blocks(ids, kv, params.cache_salt)
         return seq
 
-    def _verified_blocks(self, prompt: list[int], kv: KVHandoff) -> int:
+    def _verified_blocks(self, prompt: list[int], kv: KVHandoff,
+                         cache_salt: str | None = None) -> int:
         """How many leading handed-over blocks really are this prompt under this fingerprint.
 
         Anything past the first mismatch is a miss and is recomputed, never trusted.
         """
-        expected = chain_hashes(self.root_hash, prompt, self.config.block_size)
+        expected = chain_hashes(salted_root(self.root_hash, cache_salt), prompt,
+                                self.config.block_size)
         n = 0
         for got, want in zip(kv.block_hashes, expected, strict=False):
             if got != want:

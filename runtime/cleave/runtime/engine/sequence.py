@@ -19,6 +19,8 @@ MAX_REPETITION_PENALTY = 100.0  # vLLM only asks > 0; far past any useful value,
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]
 # Entries of logit_bias and stop_token_ids: each costs a little on every step it is applied.
 MAX_TOKEN_ID_LIST = 1024
+# A cache_salt is hashed once per request; far longer than any tenant id or random key.
+MAX_CACHE_SALT_CHARS = 1024
 
 
 class RequestError(ValueError):
@@ -50,6 +52,10 @@ class SamplingParams:
     # Structured output: llguidance's grammar text (JSON schema, regex or choice, compiled by
     # the router); every token is one the grammar allows, and EOS only once it is complete.
     grammar: str | None = None
+    # vLLM's per-request cache_salt: not sampling, but it travels with the request to every
+    # worker that computes or loads its KV. It salts the request's block hashes (block_hash.
+    # salted_root): only requests with the same salt share cached blocks. Kept out of reprs.
+    cache_salt: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -65,6 +71,9 @@ class SamplingParams:
             raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
+        if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS:
+            raise RequestError(f"cache_salt must be a non-empty string of at most "
+                               f"{MAX_CACHE_SALT_CHARS} characters")
         if self.grammar is not None and self.ignore_eos:
             # A complete grammar allows only EOS: ignoring it would leave nothing to sample.
             raise RequestError("ignore_eos cannot be combined with a structured output")

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cleave.runtime.engine.sequence import (
+    MAX_CACHE_SALT_CHARS,
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_PENALTY,
@@ -145,6 +146,9 @@ def _common(models: Sequence[str]) -> Schema:
                            {"type": "array", "maxItems": MAX_STOP,
                             "items": {"type": "string", "minLength": 1}}]},
         "ignore_eos": _opt("boolean", description="Extension: generate past end-of-sequence."),
+        "cache_salt": _opt("string", minLength=1, maxLength=MAX_CACHE_SALT_CHARS,
+                           description="vLLM's extension: only requests with the same salt "
+                                       "share cached KV blocks."),
         "stream": _opt("boolean"),
         "stream_options": _opt("object", properties={"include_usage": _opt("boolean")}),
         **_sampling(),

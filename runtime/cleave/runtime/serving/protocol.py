@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final, TypedDict
 
 from cleave.runtime.engine.sequence import (
+    MAX_CACHE_SALT_CHARS,
     MAX_LOGPROBS,
     RequestError,
     SamplingParams,
@@ -79,6 +80,7 @@ class _Request:
     logits: LogitRules
     n: int  # choices returned
     best_of: int  # sequences generated, the n likeliest returned; n unless asked
+    cache_salt: str | None  # vLLM's: only requests with the same salt share cached KV
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
@@ -86,7 +88,8 @@ class _Request:
             return SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
                                   top_k=self.top_k, top_p=self.top_p, seed=self.seed,
                                   stop=self.stop, ignore_eos=self.ignore_eos,
-                                  logprobs=self.logprobs, **self.logits._asdict())
+                                  logprobs=self.logprobs, cache_salt=self.cache_salt,
+                                  **self.logits._asdict())
         except RequestError as e:  # e.g. a default_max_tokens of 0: the prompt fills the context
             named = [f for f in ("min_tokens", "max_tokens", "ignore_eos")
                      if str(e).startswith(f)]
@@ -121,6 +124,7 @@ class _Common(TypedDict):
     include_usage: bool
     logits: LogitRules
     n: int
+    cache_salt: str | None
 
 
 # Fields OpenAI defines that we cannot honour: accepted only at their no-op value, because
@@ -162,6 +166,10 @@ def _parse_common(body: object, served_models: Sequence[str],
     include_usage = bool(read_bool(options or {}, "include_usage", "stream_options.include_usage"))
     include_usage = include_usage and stream
     temperature = read_float(body, "temperature", 0.0, MAX_TEMPERATURE)
+    salt = body.get("cache_salt")
+    if salt is not None and not (isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT_CHARS):
+        raise bad("cache_salt", f"'cache_salt' must be a non-empty string of at most "
+                   f"{MAX_CACHE_SALT_CHARS} characters")
     return _Common(
         model=model,
         temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
@@ -174,6 +182,7 @@ def _parse_common(body: object, served_models: Sequence[str],
         include_usage=include_usage,
         logits=logit_rules(body),
         n=read_int(body, "n", 1, MAX_CHOICES) or 1,
+        cache_salt=salt,
     )
 
 

@@ -25,6 +25,7 @@ _COMMON: Final = IGNORED | frozenset({
     "presence_penalty", "frequency_penalty", "logit_bias", "seed", "logprobs",
     # vLLM's, honoured:
     "top_k", "ignore_eos", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
+    "cache_salt",
     # Structured outputs (structured_fields.py): OpenAI's, on both endpoints as vLLM takes
     # it, and vLLM's.
     "response_format", "guided_json", "guided_regex", "guided_choice", "structured_outputs"})
@@ -43,7 +44,7 @@ _NO_OP_COMMON: Final[dict[str, tuple[object, ...]]] = {
     "use_beam_search": (False,), "truncate_prompt_tokens": (), "prompt_logprobs": (),
     "allowed_token_ids": (), "bad_words": ([],), "priority": (0,), "request_id": (),
     "logits_processors": (), "return_tokens_as_token_ids": (False,),
-    "return_token_ids": (False,), "cache_salt": (), "kv_transfer_params": (),
+    "return_token_ids": (False,), "kv_transfer_params": (),
     "vllm_xargs": (),
     # vLLM's other structured outputs: grammars in its EBNF dialects, structural tags, a choice
     # of backend and of the whitespace JSON may hold.

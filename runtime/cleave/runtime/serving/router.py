@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from cleave.kv_store.block_hash import chain_hashes
+from cleave.kv_store.block_hash import chain_hashes, salted_root
 from cleave.kv_store.keys import KeySpace
 from cleave.kv_store.redis_config import RedisStoreConfig
 from cleave.kv_store.redis_store import RedisBlockStore
@@ -137,16 +137,19 @@ class Router:
         self.session = aiohttp.ClientSession(headers=bearer(token) if token else None)
         await self.fleet.start(self.session)
 
-    def _prefix_key(self, ids: list[int]) -> bytes:
-        """The prompt's first block hash: prompts sharing it share a prefill worker's cache."""
+    def _prefix_key(self, ids: list[int], salt: str | None) -> bytes:
+        """The prompt's first block hash (under its cache_salt): prompts sharing it share a
+        prefill worker's cache."""
         identity = self.fleet.decode.kv_identity or self.fleet.prefill.kv_identity
         if identity is not None and len(ids) >= identity[1]:
             root, block_size, _ = identity
-            return chain_hashes(bytes.fromhex(root), ids[:block_size], block_size)[0]
-        return str(ids[:16]).encode()
+            return chain_hashes(salted_root(bytes.fromhex(root), salt), ids[:block_size],
+                                block_size)[0]
+        return f"{salt}:{ids[:16]}".encode()
 
-    async def _cached_tokens(self, ids: list[int]) -> int:
-        """How many leading prompt tokens the store already holds (0 when it cannot say)."""
+    async def _cached_tokens(self, ids: list[int], salt: str | None) -> int:
+        """How many leading prompt tokens the store already holds under the request's
+        cache_salt (0 when it cannot say)."""
         identity = self.fleet.decode.kv_identity
         if self.config.redis_store is None or identity is None:
             return 0
@@ -155,7 +158,8 @@ class Router:
             self._store = RedisBlockStore(
                 KeySpace(namespace, bytes.fromhex(root)),
                 replace(self.config.redis_store, timeout_seconds=0.2))
-        hashes = chain_hashes(bytes.fromhex(root), ids[:len(ids) - 1], block_size)
+        hashes = chain_hashes(salted_root(bytes.fromhex(root), salt), ids[:len(ids) - 1],
+                              block_size)
         try:
             return block_size * await self._store.longest_cached_prefix(hashes)
         except StoreUnavailable:
@@ -301,7 +305,8 @@ class Router:
         first: int | None = None
         path = await self._choose_path(ids, params)
         if path.disaggregate:
-            worker = choose_prefill(self.fleet.prefill_candidates(), self._prefix_key(ids))
+            worker = choose_prefill(self.fleet.prefill_candidates(),
+                                    self._prefix_key(ids, params.cache_salt))
             assert worker is not None  # _choose_path saw one
             try:
                 res = await self.fleet.pool_for(worker.url).prefill(
@@ -339,10 +344,11 @@ class Router:
         worker = None
         candidates = self.fleet.prefill_candidates()
         if candidates or self.fleet.prefill:
-            worker = choose_prefill(candidates, self._prefix_key(ids))
+            worker = choose_prefill(candidates, self._prefix_key(ids, params.cache_salt))
             if worker is None:
                 return PathChoice(False, "no_prefill_worker")
-        cached = await self._cached_tokens(ids) if len(ids) >= cfg.disaggregate_min_tokens else 0
+        cached = await self._cached_tokens(ids, params.cache_salt) \
+            if len(ids) >= cfg.disaggregate_min_tokens else 0
         predicted = None if worker is None else predicted_prefill_seconds(
             worker, len(ids) - cached, self.fleet.speed.seconds_per_token)
         return choose_path(len(ids), cached, worker is not None, cfg.disaggregate_min_tokens,

@@ -283,7 +283,8 @@ class Worker:
             handoff = KVHandoff(block_hashes=[], blocks=[], first_token=first,
                                 earlier_tokens=earlier)
             return self.engine.generate(ids, params, request_id=rid, kv=handoff)
-        cached = await self.connector.load_prefix(ids) if self.connector else None
+        cached = await self.connector.load_prefix(ids, params.cache_salt) if self.connector \
+            else None
         return self.engine.generate(ids, params, request_id=rid, kv=cached)
 
     async def drain(self, grace_seconds: float) -> None:

@@ -41,8 +41,9 @@ def sampling_from_json(data: Any) -> SamplingParams:
             raise RequestError(f"sampling.{k} must be a list of {kind}")
     if not isinstance(data.get("ignore_eos", False), bool):
         raise RequestError("sampling.ignore_eos must be true or false")
-    if not isinstance(data.get("grammar"), str | None):
-        raise RequestError("sampling.grammar must be a string or null")
+    for k in ("grammar", "cache_salt"):
+        if not isinstance(data.get(k), str | None):
+            raise RequestError(f"sampling.{k} must be a string or null")
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                               for k, v in data.items()}
     if "logit_bias" in fields:  # asdict() sent the pairs as lists
