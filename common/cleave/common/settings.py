@@ -35,6 +35,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ROLES = ("prefill", "decode", "both")
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json")  # serving/tools.py's
+PROMPT_TOKENS_DETAILS = ("show", "hide")
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,11 @@ class RoutingSettings(Settings):
         "auto", "how the model writes tool calls: hermes (<tool_call> JSON: Hermes, Qwen), "
         "llama3_json (Llama 3.x), none (tools refused); auto: from its chat template",
         choices=TOOL_CALL_PARSERS)
+    prompt_tokens_details: str = setting(
+        "show", "usage.prompt_tokens_details.cached_tokens: show it, or hide it (null, as vLLM "
+        "without --enable-prompt-tokens-details): how much of a prompt was cached tells a "
+        "client whether others sent the same prefix (see cache_salt)",
+        choices=PROMPT_TOKENS_DETAILS)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,9 @@ _ERROR = _obj({"error": _obj({"message": _STRING, "type": _STRING,
                               "param": _opt("string"), "code": _opt("string")},
                              ["message", "type", "param", "code"])}, ["error"])
 _USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
-               "prompt_tokens_details": _obj({"cached_tokens": _INT})},
+               # null: the router hides cached_tokens (--prompt-tokens-details hide)
+               "prompt_tokens_details": {"anyOf": [{"type": "null"},
+                                                   _obj({"cached_tokens": _INT})]}},
               ["prompt_tokens", "completion_tokens", "total_tokens"])
 _FINISH: Schema = {"enum": ["stop", "length", "tool_calls"]}
 

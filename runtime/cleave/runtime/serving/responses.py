@@ -63,10 +63,19 @@ def _finish(reason: FinishReason | str | None) -> APIFinishReason | None:
     return None if reason is None else api_finish_reason(reason)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> JSONObject:
+def usage(prompt_tokens: int, completion_tokens: int,
+          cached_tokens: int | None = 0) -> JSONObject:
+    """None: no ``prompt_tokens_details`` (null, as vLLM without
+    --enable-prompt-tokens-details); the router hides them so (its worker lines carry no
+    ``cached_tokens``) when told to."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            "prompt_tokens_details": None if cached_tokens is None
+            else {"cached_tokens": cached_tokens}}
+
+
+def _cached(line: Mapping[str, Any]) -> int | None:
+    return None if "cached_tokens" not in line else int(line["cached_tokens"])
 
 
 def _lp(logprob: float) -> float:
@@ -186,7 +195,7 @@ def _line_logprobs(line: Mapping[str, Any]) -> list[TokenLogprob]:
 
 def _line_usage(line: Mapping[str, Any]) -> JSONObject:
     return usage(int(line.get("prompt_tokens", 0)), int(line.get("completion_tokens", 0)),
-                 int(line.get("cached_tokens", 0)))
+                 _cached(line))
 
 
 def _total_usage(finals: Sequence[Mapping[str, Any]]) -> JSONObject:
@@ -194,7 +203,7 @@ def _total_usage(finals: Sequence[Mapping[str, Any]]) -> JSONObject:
     first = finals[0]
     return usage(int(first.get("prompt_tokens", 0)),
                  sum(int(f.get("completion_tokens", 0)) for f in finals),
-                 int(first.get("cached_tokens", 0)))
+                 _cached(first))
 
 
 class StreamWriter:

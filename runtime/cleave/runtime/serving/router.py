@@ -85,6 +85,9 @@ class RouterConfig:
     ttft_target_seconds: float | None = None
     # How the model writes tool calls (tools.PARSER_CHOICES); auto: from its chat template.
     tool_call_parser: str = tools.AUTO
+    # usage.prompt_tokens_details.cached_tokens in responses; False: null (docs/operations.md,
+    # Security model: it says whether others sent the same prefix).
+    show_cached_tokens: bool = True
 
     def __post_init__(self) -> None:
         if not self.decode_urls and self.workers_file is None:
@@ -331,6 +334,8 @@ class Router:
                                         [first] if first is not None else [], start,
                                         cfg.request_timeout_seconds,
                                         cfg.worker_idle_timeout_seconds):
+            if not cfg.show_cached_tokens:
+                line.pop("cached_tokens", None)  # then the usage has no prompt_tokens_details
             yield line
 
     async def _choose_path(self, ids: list[int], params: SamplingParams) -> PathChoice:
