@@ -139,8 +139,9 @@ class RoutingSettings(Settings):
     kv_load_failure_policy: str = setting(
         "recompute", "when a prefilled prompt's KV is missing: recompute it, or fail (503)",
         choices=KV_LOAD_FAILURE_POLICIES)
-    request_timeout: float = setting(300.0, "seconds per request", parse=float,
-                                     metavar="SECONDS")
+    request_timeout: float = setting(
+        300.0, "seconds per request, across every worker tried for it (then 504)",
+        parse=float, metavar="SECONDS")
     max_concurrent_requests: int = setting(256, "beyond this, answer 429 with Retry-After",
                                            parse=int)
     api_key_file: str | None = setting(None, f"require this Bearer key (or set {API_KEY_ENV})",

@@ -17,6 +17,7 @@ from typing import Any
 
 from cleave.runtime import metrics
 from cleave.runtime.serving import protocol as api
+from cleave.runtime.serving.deadline import Deadline
 from cleave.runtime.serving.fleet import Fleet
 from cleave.runtime.serving.resume import continuation, rebased
 from cleave.runtime.serving.routing import choose_server
@@ -26,12 +27,13 @@ log = logging.getLogger("cleave.router")
 
 
 async def decode_stream(fleet: Fleet, rid: str, payload: dict[str, Any], sent: list[int],
-                        start: float, timeout: float, idle_timeout: float
+                        start: float, deadline: Deadline, idle_timeout: float
                         ) -> AsyncIterator[dict[str, Any]]:
     """The worker lines of one request's decode, from whichever worker can give them.
 
     ``sent`` holds the tokens the client already has (a prefill's first token) and grows as
-    lines pass; a worker failing after more were sent resumes elsewhere from there.
+    lines pass; a worker failing after more were sent resumes elsewhere from there. Every
+    attempt shares the request's one ``deadline`` (a 504 once it passes).
     """
     handed = len(sent)
     cached_tokens = 0
@@ -49,8 +51,9 @@ async def decode_stream(fleet: Fleet, rid: str, payload: dict[str, Any], sent: l
         resumed = len(sent) > handed
         attempt = continuation(payload, sent) if resumed else payload
         pool = fleet.pool_for(worker.url)
+        left = deadline.remaining()
         try:
-            async for line in pool.generate(worker.url, attempt, timeout, idle_timeout):
+            async for line in pool.generate(worker.url, attempt, left, min(idle_timeout, left)):
                 if not sent and line.get("token_ids"):
                     metrics.TTFT.labels("router").observe(time.perf_counter() - start)
                 if resumed:
@@ -66,6 +69,7 @@ async def decode_stream(fleet: Fleet, rid: str, payload: dict[str, Any], sent: l
                 raise api.APIError(503, str(e), "service_unavailable") from None
             raise api.APIError(400, str(e)) from None
         except WorkerUnavailable as e:
+            deadline.remaining()  # a 504 if that attempt used up the request's time
             if len(sent) > handed:
                 log.warning("request %s: %s after %d tokens; resuming it on another worker",
                             rid, e, len(sent))

@@ -40,6 +40,7 @@ from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.serving import choices, responses, tools
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving.admission import Admission
+from cleave.runtime.serving.deadline import Deadline
 from cleave.runtime.serving.dispatch import decode_stream
 from cleave.runtime.serving.fleet import Fleet
 from cleave.runtime.serving.internal_auth import bearer
@@ -303,6 +304,7 @@ class Router:
                         params: SamplingParams) -> AsyncGenerator[dict[str, Any], None]:
         cfg = self.config
         await self.fleet.hold_for_worker(rid)
+        deadline = Deadline.after(cfg.request_timeout_seconds)  # every attempt shares it
         sampling = asdict(params)
         start = time.perf_counter()
         first: int | None = None
@@ -314,7 +316,7 @@ class Router:
             try:
                 res = await self.fleet.pool_for(worker.url).prefill(
                     worker.url, {"request_id": rid, "prompt_token_ids": ids,
-                                 "sampling": sampling}, cfg.request_timeout_seconds)
+                                 "sampling": sampling}, deadline.remaining())
             except WorkerUnavailable as e:
                 log.warning("request %s: %s; serving it decode-only", rid, e)
                 path = PathChoice(False, "prefill_failed")
@@ -332,8 +334,7 @@ class Router:
                    "first_token": first, "kv_load_failure_policy": cfg.kv_load_failure_policy}
         async for line in decode_stream(self.fleet, rid, payload,
                                         [first] if first is not None else [], start,
-                                        cfg.request_timeout_seconds,
-                                        cfg.worker_idle_timeout_seconds):
+                                        deadline, cfg.worker_idle_timeout_seconds):
             if not cfg.show_cached_tokens:
                 line.pop("cached_tokens", None)  # then the usage has no prompt_tokens_details
             yield line
