@@ -84,27 +84,30 @@ def wait_ready(p: Proc, timeout: float = 120.0) -> None:
     raise RuntimeError(f"{p.name} not ready in {timeout} s:\n{p.log.read_text()[-3000:]}")
 
 
-def start_worker(stack: Stack, role: str, logdir: Path, name: str | None = None) -> Proc:
+def start_worker(stack: Stack, role: str, logdir: Path, name: str | None = None,
+                 extra: tuple[str, ...] = ()) -> Proc:
     port = free_port()
     p = _spawn(name or f"{role}-{len(stack.workers)}",
                ["worker", "--role", role, "--port", str(port), "--model", stack.model,
                 "--served-model-name", SERVED,
                 "--dtype", "float32", "--kv-cache-memory", "8MiB",
                 "--redis-url", stack.redis.unix_url, "--store-timeout", "0.5",
-                "--grace-period", "5"], port, logdir)
+                "--grace-period", "5", *extra], port, logdir)
     stack.workers.append(p)
     return p
 
 
 def start_stack(model: Path, logdir: Path, prefill: int = 1, decode: int = 1,
-                router_args: tuple[str, ...] = (), dns: bool = False) -> Stack:
-    """``dns``: the router finds workers by resolving a name (as a headless Service)."""
+                router_args: tuple[str, ...] = (), dns: bool = False,
+                worker_args: tuple[str, ...] = ()) -> Stack:
+    """``dns``: the router finds workers by resolving a name (as a headless Service);
+    ``worker_args``: more flags for every worker."""
     stack = Stack(str(model), start_server())
     try:
         for _ in range(prefill):
-            start_worker(stack, "prefill", logdir)
+            start_worker(stack, "prefill", logdir, extra=worker_args)
         for _ in range(decode):
-            start_worker(stack, "decode", logdir)
+            start_worker(stack, "decode", logdir, extra=worker_args)
         for w in stack.workers:
             wait_ready(w)
         port = free_port()

@@ -184,8 +184,9 @@ class RouterSettings(Settings):
         "that come and go (cleave up --autoscale writes it)", metavar="FILE")
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(ROUTER_PORT, "port to listen on", parse=int)
-    max_model_len: int | None = setting(None, "the workers' context limit, if lower than the "
-                                        "model's own", parse=int)
+    max_model_len: int | None = setting(
+        None, "the context limit, if lower than the model's own; a worker reporting a lower "
+        "one (/internal/stats) lowers it further", parse=int)
     # The workers' store: mostly-cached prompts then skip the separate prefill.
     redis: RedisSettings = group(RedisSettings)
     internal_token_file: str | None = setting(None, INTERNAL_TOKEN_HELP, metavar="FILE")

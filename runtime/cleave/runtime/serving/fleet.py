@@ -94,6 +94,14 @@ class Fleet:
         return [*(w for w in self.prefill.snapshot() if w.role not in ("decode", "both")),
                 *(w for w in self.decode.snapshot() if w.role == "prefill")]
 
+    def max_model_len(self, own: int) -> int:
+        """The context a request may use: the router's own limit, or less where a worker
+        reports less (it would refuse the rest). A router flag or model config that disagrees
+        with the workers' --max-model-len then cannot admit prompts the workers refuse, nor
+        default a chat's max_tokens past their context."""
+        return min([own, *(w.max_model_len for pool in (self.prefill, self.decode)
+                           for w in pool.snapshot() if w.max_model_len)])
+
     def pool_for(self, url: str) -> WorkerPool:
         """The pool that tracks a worker (its calls must go through it)."""
         return self.decode if url in self.decode else self.prefill

@@ -24,17 +24,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from cleave.kv_store.block_hash import chain_hashes, salted_root
-from cleave.kv_store.keys import KeySpace
 from cleave.kv_store.redis_config import RedisStoreConfig
-from cleave.kv_store.redis_store import RedisBlockStore
-from cleave.kv_store.store import StoreUnavailable
 from cleave.runtime import metrics
 from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.serving import choices, responses, tools
@@ -45,6 +41,7 @@ from cleave.runtime.serving.dispatch import decode_stream
 from cleave.runtime.serving.fleet import Fleet
 from cleave.runtime.serving.internal_auth import bearer
 from cleave.runtime.serving.openapi import openapi_document
+from cleave.runtime.serving.prompt_cache import PromptCache
 from cleave.runtime.serving.protocol import BODY_READ_SECONDS
 from cleave.runtime.serving.routing import (
     PathChoice,
@@ -107,9 +104,9 @@ class Router:
                  vocab_size: int) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
+        self._max_model_len = max_model_len  # its own: the flag, or the model's config
         self.vocab_size = vocab_size
-        self.prompts = Prompts(tokenizer, max_model_len, vocab_size)
+        self.prompts = Prompts(tokenizer, lambda: self.max_model_len, vocab_size)
         self.tool_parser = tools.resolve_parser(config.tool_call_parser,
                                                 getattr(tokenizer, "chat_template", None))
         self.admission = Admission(config.max_concurrent_requests)
@@ -118,7 +115,12 @@ class Router:
         self.fleet = Fleet(config.prefill_urls, config.decode_urls, config.workers_file,
                            config.hold_timeout_seconds)
         self.session: aiohttp.ClientSession | None = None
-        self._store: RedisBlockStore | None = None
+        self.cache = PromptCache(self.fleet, config.redis_store)
+
+    @property
+    def max_model_len(self) -> int:
+        """The router's own context limit, or the workers' where they report less."""
+        return self.fleet.max_model_len(self._max_model_len)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[metrics.count_requests, self._errors])
@@ -141,39 +143,10 @@ class Router:
         self.session = aiohttp.ClientSession(headers=bearer(token) if token else None)
         await self.fleet.start(self.session)
 
-    def _prefix_key(self, ids: list[int], salt: str | None) -> bytes:
-        """The prompt's first block hash (under its cache_salt): prompts sharing it share a
-        prefill worker's cache."""
-        identity = self.fleet.decode.kv_identity or self.fleet.prefill.kv_identity
-        if identity is not None and len(ids) >= identity[1]:
-            root, block_size, _ = identity
-            return chain_hashes(salted_root(bytes.fromhex(root), salt), ids[:block_size],
-                                block_size)[0]
-        return f"{salt}:{ids[:16]}".encode()
-
-    async def _cached_tokens(self, ids: list[int], salt: str | None) -> int:
-        """How many leading prompt tokens the store already holds under the request's
-        cache_salt (0 when it cannot say)."""
-        identity = self.fleet.decode.kv_identity
-        if self.config.redis_store is None or identity is None:
-            return 0
-        root, block_size, namespace = identity
-        if self._store is None or self._store.keys.namespace != namespace:
-            self._store = RedisBlockStore(
-                KeySpace(namespace, bytes.fromhex(root)),
-                replace(self.config.redis_store, timeout_seconds=0.2))
-        hashes = chain_hashes(salted_root(bytes.fromhex(root), salt), ids[:len(ids) - 1],
-                              block_size)
-        try:
-            return block_size * await self._store.longest_cached_prefix(hashes)
-        except StoreUnavailable:
-            return 0
-
     async def _stop(self, _: web.Application) -> None:
         self.fleet.stop()
         self.admission.close()
-        if self._store is not None:
-            await self._store.close()
+        await self.cache.close()
         if self.session is not None:
             await self.session.close()
 
@@ -256,8 +229,9 @@ class Router:
                 self.prompts.chat_ids, parsed.template_messages(),
                 tools=parsed.tools.template_tools() if parsed.tools else None,
                 suffix=tools.generation_suffix(parsed.tools, self.tool_parser))
+            context = self.max_model_len
             params = tools.constrain(
-                parsed.sampling_params(max(1, self.max_model_len - len(ids))), parsed.tools,
+                parsed.sampling_params(max(1, context - len(ids))), parsed.tools,
                 self.tool_parser)
             return await self._serve(request, ids, params, parsed, chat=True, plan=plan)
 
@@ -266,10 +240,11 @@ class Router:
                      echo: str = "", plan: tools.ToolPlan | None = None) -> web.StreamResponse:
         if not ids:
             raise api.APIError(400, "the prompt is empty", param="prompt")
-        if len(ids) + params.max_tokens > self.max_model_len:
+        context = self.max_model_len  # the workers' where they report less than the flag
+        if len(ids) + params.max_tokens > context:
             raise api.APIError(
                 400, f"the prompt has {len(ids)} tokens and max_tokens is {params.max_tokens}: "
-                f"more than this model's context of {self.max_model_len} tokens",
+                f"more than this model's context of {context} tokens",
                 param="max_tokens", code="context_length_exceeded")
         api.check_token_ids(params, self.vocab_size)
         rid = str(request[REQUEST_ID])
@@ -311,7 +286,7 @@ class Router:
         path = await self._choose_path(ids, params)
         if path.disaggregate:
             worker = choose_prefill(self.fleet.prefill_candidates(),
-                                    self._prefix_key(ids, params.cache_salt))
+                                    self.cache.prefix_key(ids, params.cache_salt))
             assert worker is not None  # _choose_path saw one
             try:
                 res = await self.fleet.pool_for(worker.url).prefill(
@@ -350,10 +325,10 @@ class Router:
         worker = None
         candidates = self.fleet.prefill_candidates()
         if candidates or self.fleet.prefill:
-            worker = choose_prefill(candidates, self._prefix_key(ids, params.cache_salt))
+            worker = choose_prefill(candidates, self.cache.prefix_key(ids, params.cache_salt))
             if worker is None:
                 return PathChoice(False, "no_prefill_worker")
-        cached = await self._cached_tokens(ids, params.cache_salt) \
+        cached = await self.cache.cached_tokens(ids, params.cache_salt) \
             if len(ids) >= cfg.disaggregate_min_tokens else 0
         predicted = None if worker is None else predicted_prefill_seconds(
             worker, len(ids) - cached, self.fleet.speed.seconds_per_token)

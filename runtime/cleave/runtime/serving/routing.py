@@ -20,6 +20,7 @@ class WorkerState:
     waiting: int = 0
     queued_tokens: int = 0  # prompt tokens this router has sent it that are not done yet
     role: str | None = None  # its current role, from /internal/stats (None: not known yet)
+    max_model_len: int | None = None  # its context limit, from /internal/stats
 
 
 @dataclass(frozen=True)

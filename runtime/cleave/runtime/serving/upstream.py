@@ -175,10 +175,12 @@ class WorkerPool:
             role = stats.get("role")
             if role != tracked.state.role and tracked.state.role is not None:
                 log.info("worker %s is now in the %s role", url, role)
+            context = stats.get("max_model_len")
             tracked.state = replace(tracked.state, healthy=True,
                                     kv_usage=float(stats.get("kv_usage", 0.0)),
                                     waiting=int(stats.get("waiting", 0)),
-                                    role=str(role) if role else None)
+                                    role=str(role) if role else None,
+                                    max_model_len=int(context) if context else None)
 
         await asyncio.gather(*(one(u, t) for u, t in self._workers.items()))
 

@@ -36,10 +36,15 @@ def _version() -> str:
 class Prompts:
     """Text and chat messages to token ids, and back, with the served model's tokenizer."""
 
-    def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, max_model_len: Callable[[], int], vocab_size: int
+                 ) -> None:
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
+        self._max_model_len = max_model_len  # a call: the router learns it from its workers
         self.vocab_size = vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len()
 
     def text_ids(self, prompt: str | Sequence[int], add_special_tokens: bool = True,
                  param: str = "prompt") -> list[int]:
