@@ -23,6 +23,7 @@ from cleave.runtime.engine.sequence import SamplingParams, Sequence
 
 LONG = "the quick brown fox jumps over the lazy dog " * 8  # > 16 tokens: disaggregated
 LOADED = names.total(names.KV_LOADED_BLOCKS)
+RECOMPUTED = names.total(names.KV_RECOMPUTE_FALLBACKS)
 DECISIONS = names.total(names.ROUTING_DECISIONS)
 
 
@@ -53,7 +54,7 @@ def _cached(response: Any) -> int:
 
 
 def test_salts_never_share_blocks_and_a_salt_shares_with_itself(stack: Stack) -> None:
-    prefill = stack.workers[0]
+    prefill, decode = stack.workers
     assert stack.router is not None
     text = f"{time.time_ns()} " + LONG  # nothing of it is cached anywhere yet
     keys = stack.redis.client().dbsize()
@@ -62,10 +63,15 @@ def test_salts_never_share_blocks_and_a_salt_shares_with_itself(stack: Stack) ->
     assert stored >= 4  # the prefill worker saved tenant a's blocks
 
     # Same prompt, another salt: the prefill worker finds none of a's blocks in the store,
-    # writes its own (as many again), and the decode worker's prefix cache has none either.
-    loaded = _metric(prefill.url, LOADED + '{source="prefix"}')
+    # writes its own (as many again), and the decode worker's prefix cache has none either;
+    # the decode worker loads b's blocks, handed over under b's salt, and recomputes nothing.
+    loaded = _metric(prefill.url, LOADED + '{purpose="prefix"}')
+    handed = _metric(decode.url, LOADED + '{purpose="decode"}')
+    recomputed = _metric(decode.url, RECOMPUTED)
     other = _complete(stack, text, "tenant-b")
-    assert _metric(prefill.url, LOADED + '{source="prefix"}') == loaded
+    assert _metric(prefill.url, LOADED + '{purpose="prefix"}') == loaded
+    assert _metric(decode.url, LOADED + '{purpose="decode"}') == handed + stored
+    assert _metric(decode.url, RECOMPUTED) == recomputed
     assert stack.redis.client().dbsize() - keys == 2 * stored
     assert _cached(other) == 0
     no_salt = _complete(stack, text, None)
