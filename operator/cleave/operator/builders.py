@@ -27,8 +27,8 @@ from cleave.common.settings import (
     StoreSettings,
     WorkerSettings,
 )
+from cleave.operator import credentials, redis_users, security
 from cleave.operator import pod_template as pods
-from cleave.operator import redis_users, security
 from cleave.operator.pod_template import GRACE_SECONDS, SECURITY, Manifest, labels
 from cleave.operator.spec import LLMServiceSpec, Role
 
@@ -61,27 +61,16 @@ def redis_settings(spec: LLMServiceSpec, component: str) -> RedisSettings:
 def _password_env(spec: LLMServiceSpec, component: str) -> list[Manifest]:
     ref = spec.kv_store.password_secret
     if spec.kv_store.managed:  # only its own user's password: separate keys of one Secret
-        name, key = redis_users.secret_name(spec), redis_users.user_of(component)[1]
-    elif ref is not None:
-        name, key = ref.name, ref.key
-    else:
-        return []
-    return [_secret_env(REDIS_PASSWORD_ENV, name, key)]
+        ref = redis_users.password_ref(spec, component)
+    return [credentials.env(REDIS_PASSWORD_ENV, ref)] if ref is not None else []
 
 
-def _secret_env(env: str, name: str, key: str) -> Manifest:
-    return {"name": env, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}
-
-
-def salt_secret_name(spec: LLMServiceSpec) -> str:
-    return f"{spec.name}-kv-salt"
+SALT_KEY = credentials.KV_SALT.keys[0]
 
 
 def _salt_env(spec: LLMServiceSpec) -> Manifest:
-    ref = spec.kv_store.salt_secret
-    if ref is not None:
-        return _secret_env(KV_SALT_ENV, ref.name, ref.key)
-    return _secret_env(KV_SALT_ENV, salt_secret_name(spec), "salt")
+    return credentials.env(KV_SALT_ENV, spec.kv_store.salt_secret
+                           or credentials.KV_SALT.ref(spec, SALT_KEY))
 
 
 def kv_namespace(spec: LLMServiceSpec) -> str:
@@ -117,8 +106,7 @@ def download_init(spec: LLMServiceSpec, image: str, mounts: list[Manifest]) -> M
         return None
     env: list[Manifest] = [{"name": "CLEAVE_CACHE_DIR", "value": "/cache"}]
     if spec.model_token_secret is not None:
-        env.append(_secret_env("HF_TOKEN", spec.model_token_secret.name,
-                               spec.model_token_secret.key))
+        env.append(credentials.env("HF_TOKEN", spec.model_token_secret))
     settings = DownloadSettings(model=spec.model_source, revision=spec.model_revision)
     return {"name": "download-model", "image": image, "command": ["cleave"],
             "args": ["download", *settings.to_args()], "env": env,
@@ -194,7 +182,7 @@ def router_deployment(spec: LLMServiceSpec, owner: Manifest,
                            *_password_env(spec, "router"),
                            security.internal_token_env(spec), *offline_env(spec)]
     if r.api_key_secret is not None:
-        env.append(_secret_env(API_KEY_ENV, r.api_key_secret.name, r.api_key_secret.key))
+        env.append(credentials.env(API_KEY_ENV, r.api_key_secret))
     mounts, volumes = pods.volumes(spec, gpu=False)
     container: Manifest = {
         "name": "router", "image": spec.image, "command": ["cleave"], "args": args,
@@ -261,9 +249,7 @@ def managed_redis(spec: LLMServiceSpec, owner: Manifest,
                          {"name": "data", "mountPath": "/data"}]}
     pod = pods.pod(spec, "redis", container, None, [{"name": "data", "emptyDir": {}}])
     return [
-        {"apiVersion": "v1", "kind": "Secret",
-         "metadata": pods.meta(spec, redis_users.secret_name(spec), "redis", owner),
-         "type": "Opaque", "stringData": passwords.as_data()},
+        redis_users.secret(spec, owner, passwords),
         {"apiVersion": "v1", "kind": "Service", "metadata": pods.meta(spec, name, "redis", owner),
          "spec": {"selector": labels(spec, "redis"),
                   "ports": [{"name": "redis", "port": REDIS_PORT}]}},
@@ -282,9 +268,7 @@ def _redis_bytes(quantity: str) -> str:
 def kv_salt_secret(spec: LLMServiceSpec, owner: Manifest, salt: str) -> Manifest:
     """The service's own random KV salt (written once, like the Redis password): two services
     never share blocks by accident, even on one external Redis."""
-    return {"apiVersion": "v1", "kind": "Secret",
-            "metadata": pods.meta(spec, salt_secret_name(spec), "kv-salt", owner),
-            "type": "Opaque", "stringData": {"salt": salt}}
+    return credentials.KV_SALT.secret(spec, owner, {SALT_KEY: salt})
 
 
 def desired_children(spec: LLMServiceSpec, owner: Manifest,

@@ -13,7 +13,7 @@ import copy
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -85,6 +85,10 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
+def _selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
 def _snake(kind: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
 
@@ -102,6 +106,19 @@ class Kube:
         return method(namespace=obj["metadata"]["namespace"], _request_timeout=self.timeout_s,
                       **kwargs)
 
+    def _write(self, call: Callable[[], Any], raced: tuple[int, ...] = (404,)) -> bool:
+        """Make one API write, counted; False (nothing written) when the API answers one of
+        the ``raced`` statuses: the object went, or came, meanwhile (the next reconcile
+        converges)."""
+        try:
+            call()
+        except ApiException as e:
+            if e.status not in raced:
+                raise
+            return False
+        self.writes += 1
+        return True
+
     def get(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         try:
             found = self._call("read", obj, name=obj["metadata"]["name"],
@@ -118,47 +135,30 @@ class Kube:
         ``create_as`` is the body to create it with when it differs from the one kept in
         line afterwards (an autoscaled Deployment starts at its minimum replicas)."""
         existing = self.get(obj)
-        if existing is None:
-            try:
-                self._call("create", obj, body=without_nulls(create_as or obj))
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-                return "unchanged"  # created concurrently: the next reconcile compares
-            self.writes += 1
-            return "created"
+        if existing is None:  # 409: created concurrently, the next reconcile compares
+            created = self._write(lambda: self._call(
+                "create", obj, body=without_nulls(create_as or obj)), (409,))
+            return "created" if created else "unchanged"
         patch = replacing_patch(existing, {k: v for k, v in obj.items() if k != "status"})
         if create_only or contains(existing, patch):
             return "unchanged"
-        try:
-            self._call("patch", obj, name=obj["metadata"]["name"], body=patch,
-                       _content_type=MERGE_PATCH)
-        except ApiException as e:
-            if e.status not in (404, 409):
-                raise
-            return "unchanged"
-        self.writes += 1
-        return "patched"
+        patched = self._write(lambda: self._call(
+            "patch", obj, name=obj["metadata"]["name"], body=patch,
+            _content_type=MERGE_PATCH), (404, 409))
+        return "patched" if patched else "unchanged"
 
     def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
         """Set a Deployment's replicas through its Scale subresource (only that field, so
         nothing else of the Deployment can be overwritten); False if it is gone."""
-        try:
-            client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
+        return self._write(lambda: client.AppsV1Api(
+            self.api_client).patch_namespaced_deployment_scale(
                 deployment, namespace, {"spec": {"replicas": replicas}},
                 _content_type=MERGE_PATCH, _preload_content=False,
-                _request_timeout=self.timeout_s)
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-        self.writes += 1
-        return True
+                _request_timeout=self.timeout_s))
 
     def pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
-        label_selector = ",".join(f"{k}={v}" for k, v in selector.items())
         found: Any = client.CoreV1Api(self.api_client).list_namespaced_pod(
-            namespace, label_selector=label_selector, _preload_content=False,
+            namespace, label_selector=_selector(selector), _preload_content=False,
             _request_timeout=self.timeout_s)
         return list(json.loads(found.data).get("items", []))
 
@@ -166,12 +166,11 @@ class Kube:
               ) -> list[dict[str, Any]]:
         """The children of one owner (by label, then by ownerReference) among every kind the
         operator creates, each with its apiVersion and kind set."""
-        label_selector = ",".join(f"{k}={v}" for k, v in selector.items())
         found: list[dict[str, Any]] = []
         for api_version, kind in CHILD_KINDS:
             api = _APIS[api_version](self.api_client)
             method = getattr(api, f"list_namespaced_{_snake(kind)}")
-            raw = method(namespace, label_selector=label_selector, _preload_content=False,
+            raw = method(namespace, label_selector=_selector(selector), _preload_content=False,
                          _request_timeout=self.timeout_s)
             for item in json.loads(raw.data).get("items", []):
                 refs = (item.get("metadata") or {}).get("ownerReferences") or []
@@ -181,15 +180,8 @@ class Kube:
 
     def delete(self, obj: Mapping[str, Any]) -> bool:
         """Delete one object (its dependents follow in the background); False if gone."""
-        try:
-            self._call("delete", obj, name=obj["metadata"]["name"],
-                       propagation_policy="Background")
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-        self.writes += 1
-        return True
+        return self._write(lambda: self._call("delete", obj, name=obj["metadata"]["name"],
+                                              propagation_policy="Background"))
 
     def autoscaled_deployments(self, namespace: str) -> set[str]:
         """Deployments an HorizontalPodAutoscaler scales (KEDA's ScaledObjects make one):

@@ -9,9 +9,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from cleave.operator import credentials
+from cleave.operator.metadata import Manifest, labels, meta
 from cleave.operator.spec import POD_FIELDS, LLMServiceSpec, PodOptions
 
-Manifest = dict[str, Any]
+__all__ = ["Manifest", "labels", "meta"]  # re-exported: every builder names children by them
 GRACE_SECONDS = 30  # a worker's drain after SIGTERM; the pod's grace period outlives it
 STARTUP_PERIOD_SECONDS = 5
 # The uid the images create (docker/*.Dockerfile): a uid without a passwd entry breaks
@@ -19,21 +21,11 @@ STARTUP_PERIOD_SECONDS = 5
 RUNTIME_UID = 10001
 # Where an external Redis's CA certificate is mounted (kvStore.external.tls).
 REDIS_CA_DIR = "/etc/cleave/redis-ca"
-REDIS_CA_FILE = f"{REDIS_CA_DIR}/ca.crt"
+REDIS_CA_NAME = "ca.crt"  # the file the one key of the CA's Secret or ConfigMap becomes
+REDIS_CA_FILE = f"{REDIS_CA_DIR}/{REDIS_CA_NAME}"
 SECURITY = {"runAsNonRoot": True, "runAsUser": RUNTIME_UID, "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"}}
-
-
-def labels(spec: LLMServiceSpec, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "cleave", "app.kubernetes.io/instance": spec.name,
-            "app.kubernetes.io/component": component,
-            "app.kubernetes.io/managed-by": "cleave-operator"}
-
-
-def meta(spec: LLMServiceSpec, name: str, component: str, owner: Manifest) -> Manifest:
-    return {"name": name, "namespace": spec.namespace, "labels": labels(spec, component),
-            "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}]}
 
 
 def pod(spec: LLMServiceSpec, component: str, container: Manifest, options: PodOptions | None,
@@ -83,12 +75,9 @@ def volumes(spec: LLMServiceSpec, gpu: bool) -> tuple[list[Manifest], list[Manif
         found.append({"name": "models", "persistentVolumeClaim": {
             "claimName": spec.model_claim, "readOnly": True}})
     ca = spec.kv_store.tls.ca
-    if ca is not None:  # only the one key, as ca.crt
-        items = [{"key": ca.key, "path": "ca.crt"}]
+    if ca is not None:
         mounts.append({"name": "redis-ca", "mountPath": REDIS_CA_DIR, "readOnly": True})
-        found.append({"name": "redis-ca", **(
-            {"secret": {"secretName": ca.name, "items": items}} if ca.kind == "Secret"
-            else {"configMap": {"name": ca.name, "items": items}})})
+        found.append(credentials.key_volume("redis-ca", ca, REDIS_CA_NAME))
     if gpu:  # CUDA IPC and NCCL use shared memory; a container's default /dev/shm is 64 MiB
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         found.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from cleave.operator import builders, redis_users, security
+from cleave.operator import builders, credentials, redis_users, security
 from cleave.operator.kube import Kube
 from cleave.operator.spec import DEFAULT_IMAGE, LLMServiceSpec, SpecError, parse_spec
 from cleave.operator.status import (
@@ -95,17 +95,12 @@ def _access() -> security.Access:
                            tuple(p for p in peers if isinstance(p, dict)))
 
 
-def _redis_passwords(kube: Kube, spec: LLMServiceSpec) -> redis_users.RedisPasswords:
-    """The managed Redis users' passwords: those of the Secret, else fresh ones (the Secret is
-    written once, so these are read once per reconcile and never change)."""
-    found = kube.secret_values(spec.namespace, redis_users.secret_name(spec))
-
-    def value(key: str) -> str:
-        return found.get(key) or secrets.token_urlsafe(24)
-
-    return redis_users.RedisPasswords(value(redis_users.ADMIN_KEY),
-                                      value(redis_users.WORKER_KEY),
-                                      value(redis_users.ROUTER_KEY))
+def _kept(kube: Kube, spec: LLMServiceSpec, secret: credentials.Generated,
+          fresh: Callable[[], str]) -> dict[str, str]:
+    """A generated Secret's values: those it holds, else fresh ones (it is written once, so
+    these are read once per reconcile and never change)."""
+    found = kube.secret_values(spec.namespace, secret.name(spec))
+    return {key: found.get(key) or fresh() for key in secret.keys}
 
 
 def _now() -> str:
@@ -125,14 +120,15 @@ def reconcile(kube: Kube, obj: Mapping[str, Any]) -> Outcome:
         status = compute_status(None, generation, {}, None, previous, _now(), spec_error=str(e))
         return Outcome(status, [], str(e))
     owner = builders.owner_reference(obj)
-    passwords = _redis_passwords(kube, spec) if spec.kv_store.managed \
-        else redis_users.NO_PASSWORDS
+    passwords = redis_users.NO_PASSWORDS
+    if spec.kv_store.managed:
+        passwords = redis_users.RedisPasswords(**_kept(
+            kube, spec, credentials.REDIS_USERS, lambda: secrets.token_urlsafe(24)))
     salt = ""
     if spec.kv_store.salt_secret is None:
-        salt = kube.secret_value(spec.namespace, builders.salt_secret_name(spec), "salt") \
-            or secrets.token_hex(16)
-    token = kube.secret_value(spec.namespace, security.internal_token_secret_name(spec),
-                              "token") or secrets.token_urlsafe(32)
+        [salt] = _kept(kube, spec, credentials.KV_SALT, lambda: secrets.token_hex(16)).values()
+    [token] = _kept(kube, spec, credentials.INTERNAL_TOKEN,
+                    lambda: secrets.token_urlsafe(32)).values()
     actions = []
     initial = {f"{spec.name}-{role}": n for role, n in initial_replicas(spec).items()}
     replicas = owned_replicas(spec, kube.autoscaled_deployments(spec.namespace))

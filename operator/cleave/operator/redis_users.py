@@ -1,7 +1,7 @@
 """The managed Redis's ACL users: each component may run only the commands it sends.
 
-Pure, like ``builders``. Three users, each with its own password (one Secret, one key each;
-a pod's env takes only its own key):
+Pure, like ``builders``. Three users, each with its own password (one Secret,
+``credentials.REDIS_USERS``, one key each; a pod's env takes only its own key):
 
 - ``cleave-worker`` (the prefill and decode pods): the commands the block store sends
   (kv_store/cleave/kv_store/redis_store.py, resp.py, transfer.py): SET (puts, with EX),
@@ -24,14 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cleave.kv_store.keys import namespace_pattern
-from cleave.operator.spec import LLMServiceSpec
+from cleave.operator import credentials
+from cleave.operator.metadata import Manifest
+from cleave.operator.spec import LLMServiceSpec, SecretRef
 
 WORKER_USER = "cleave-worker"
 ROUTER_USER = "cleave-router"
 WORKER_COMMANDS = ("set", "getex", "strlen", "ping")
 ROUTER_COMMANDS = ("strlen",)
 # The Secret's keys, and the Redis pod's variables that carry them into its ACL file.
-ADMIN_KEY, WORKER_KEY, ROUTER_KEY = "admin", "worker", "router"
+SECRET = credentials.REDIS_USERS
+ADMIN_KEY, WORKER_KEY, ROUTER_KEY = SECRET.keys
 _ENV = {ADMIN_KEY: "REDIS_ADMIN_PASSWORD", WORKER_KEY: "REDIS_WORKER_PASSWORD",
         ROUTER_KEY: "REDIS_ROUTER_PASSWORD"}
 
@@ -54,10 +57,8 @@ class RedisPasswords:
 NO_PASSWORDS = RedisPasswords("", "", "")  # an external store: no managed users
 
 
-def secret_name(spec: LLMServiceSpec) -> str:
-    """Not the single-password ``<name>-redis-auth`` of before: Secrets are written once, so a
-    new name is how services made before the ACL users get their three keys."""
-    return f"{spec.name}-redis-users"
+def secret(spec: LLMServiceSpec, owner: Manifest, passwords: RedisPasswords) -> Manifest:
+    return SECRET.secret(spec, owner, passwords.as_data())
 
 
 def user_of(component: str) -> tuple[str, str]:
@@ -86,7 +87,11 @@ def server_script(kv_namespace: str, options: list[str]) -> str:
             f'exec redis-server --aclfile "$acl" {" ".join(options)} "$@"')
 
 
-def server_env(spec: LLMServiceSpec) -> list[dict[str, object]]:
-    return [{"name": env, "valueFrom": {"secretKeyRef": {"name": secret_name(spec),
-                                                         "key": key}}}
-            for key, env in _ENV.items()]
+def server_env(spec: LLMServiceSpec) -> list[Manifest]:
+    """The Redis pod's variables: all three passwords (its script writes the ACL file)."""
+    return [credentials.env(env, SECRET.ref(spec, key)) for key, env in _ENV.items()]
+
+
+def password_ref(spec: LLMServiceSpec, component: str) -> SecretRef:
+    """The one key of the Secret that ``component``'s pods take: their own user's password."""
+    return SECRET.ref(spec, user_of(component)[1])

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cleave.common.settings import INTERNAL_TOKEN_ENV, WORKER_PORT
-from cleave.operator import pod_template as pods
-from cleave.operator.pod_template import Manifest, labels
+from cleave.operator import credentials
+from cleave.operator.metadata import Manifest, labels, meta
 from cleave.operator.spec import LLMServiceSpec
 
 REDIS_PORT = 6379
@@ -24,21 +24,20 @@ OPERATOR_LABELS = {COMPONENT: "operator", "app.kubernetes.io/part-of": "cleave"}
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
 
 
+TOKEN_KEY = credentials.INTERNAL_TOKEN.keys[0]
+
+
 def internal_token_secret_name(spec: LLMServiceSpec) -> str:
-    return f"{spec.name}-internal-token"
+    return credentials.INTERNAL_TOKEN.name(spec)
 
 
 def internal_token_secret(spec: LLMServiceSpec, owner: Manifest, token: str) -> Manifest:
     """The service's key of its workers' internal API, generated once by the operator."""
-    return {"apiVersion": "v1", "kind": "Secret",
-            "metadata": pods.meta(spec, internal_token_secret_name(spec), "internal-token",
-                                  owner),
-            "type": "Opaque", "stringData": {"token": token}}
+    return credentials.INTERNAL_TOKEN.secret(spec, owner, {TOKEN_KEY: token})
 
 
 def internal_token_env(spec: LLMServiceSpec) -> Manifest:
-    return {"name": INTERNAL_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
-        "name": internal_token_secret_name(spec), "key": "token"}}}
+    return credentials.env(INTERNAL_TOKEN_ENV, credentials.INTERNAL_TOKEN.ref(spec, TOKEN_KEY))
 
 
 def _pods_of(spec: LLMServiceSpec, *components: str) -> Manifest:
@@ -73,7 +72,7 @@ def _operator_peer(namespace: str | None) -> Manifest:
 def _policy(spec: LLMServiceSpec, owner: Manifest, name: str, selected: Manifest,
             port: int, peers: list[Manifest]) -> Manifest:
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": pods.meta(spec, f"{spec.name}-{name}", "network-policy", owner),
+            "metadata": meta(spec, f"{spec.name}-{name}", "network-policy", owner),
             "spec": {"podSelector": selected, "policyTypes": ["Ingress"],
                      "ingress": [{"from": peers, "ports": [{"protocol": "TCP",
                                                             "port": port}]}]}}
