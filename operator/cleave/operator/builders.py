@@ -30,9 +30,9 @@ from cleave.common.settings import (
 from cleave.operator import credentials, redis_users, security
 from cleave.operator import pod_template as pods
 from cleave.operator.pod_template import GRACE_SECONDS, SECURITY, Manifest, labels
+from cleave.operator.redis_users import REDIS_PORT
 from cleave.operator.spec import LLMServiceSpec, Role
 
-REDIS_PORT = 6379
 __all__ = ["labels"]  # re-exported: reconcile and the autoscaler select a role's pods by them
 
 

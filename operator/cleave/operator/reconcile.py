@@ -17,6 +17,7 @@ from typing import Any
 
 from cleave.operator import builders, credentials, redis_users, security
 from cleave.operator.kube import Kube
+from cleave.operator.metadata import service_labels
 from cleave.operator.spec import DEFAULT_IMAGE, LLMServiceSpec, SpecError, parse_spec
 from cleave.operator.status import (
     RoleObservation,
@@ -78,9 +79,7 @@ def _prune(kube: Kube, spec: LLMServiceSpec, uid: str, desired: list[dict[str, A
     a generated one the spec no longer needs goes with its LLMService."""
     wanted = {(c["kind"], c["metadata"]["name"]) for c in desired}
     pruned = []
-    selector = {k: v for k, v in builders.labels(spec, "").items()
-                if k != "app.kubernetes.io/component"}
-    for child in kube.owned(spec.namespace, selector, uid):
+    for child in kube.owned(spec.namespace, service_labels(spec), uid):
         key = (child["kind"], child["metadata"]["name"])
         if key not in wanted and kube.delete(child):
             pruned.append(("deleted", f"{key[0]}/{key[1]}"))

@@ -28,6 +28,7 @@ from cleave.operator import credentials
 from cleave.operator.metadata import Manifest
 from cleave.operator.spec import LLMServiceSpec, SecretRef
 
+REDIS_PORT = 6379
 WORKER_USER = "cleave-worker"
 ROUTER_USER = "cleave-router"
 WORKER_COMMANDS = ("set", "getex", "strlen", "ping")

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 
 from cleave.common.settings import INTERNAL_TOKEN_ENV, WORKER_PORT
 from cleave.operator import credentials
-from cleave.operator.metadata import Manifest, labels, meta
+from cleave.operator.metadata import COMPONENT, Manifest, meta, service_labels
+from cleave.operator.redis_users import REDIS_PORT
 from cleave.operator.spec import LLMServiceSpec
 
-REDIS_PORT = 6379
-COMPONENT = "app.kubernetes.io/component"
 # The chart labels the operator pod so (charts/cleave/templates/_helpers.tpl), and gives it
 # its namespace in POD_NAMESPACE: the policies let it reach the workers (role flips, scrapes).
 OPERATOR_LABELS = {COMPONENT: "operator", "app.kubernetes.io/part-of": "cleave"}
@@ -42,8 +41,7 @@ def internal_token_env(spec: LLMServiceSpec) -> Manifest:
 
 def _pods_of(spec: LLMServiceSpec, *components: str) -> Manifest:
     """A selector of this service's pods of the given components (same namespace)."""
-    match = {k: v for k, v in labels(spec, "").items() if k != COMPONENT}
-    return {"matchLabels": match,
+    return {"matchLabels": service_labels(spec),
             "matchExpressions": [{"key": COMPONENT, "operator": "In",
                                   "values": list(components)}]}
 
