@@ -15,10 +15,10 @@ import copy
 from typing import Any
 
 import pytest
+from test_builders import build
 
 from cleave.operator import credentials
-from cleave.operator.builders import desired_children, owner_reference
-from cleave.operator.redis_users import RedisPasswords
+from cleave.operator.builders import owner_reference
 from cleave.operator.spec import parse_spec
 
 META = {"name": "chat", "namespace": "ml", "uid": "u-1"}
@@ -41,14 +41,6 @@ EXTERNAL: dict[str, Any] = {
 # Keys of Secrets the user names in the spec: the operator references them, never writes them.
 USER_KEYS = {("hf", "token"), ("keys", "api"), ("rs", "pass"), ("team-salt", "s")}
 Ref = tuple[str, str, str]  # (variable, Secret, key)
-
-
-def build(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    children = desired_children(parse_spec(obj), owner_reference(obj),
-                                RedisPasswords("adm", "wpw", "rpw"),
-                                {"prefill": 2, "decode": 3, "router": 1}, "salty",
-                                internal_token="tok")
-    return {f"{c['kind']}/{c['metadata']['name']}": c for c in children}
 
 
 def secret(name: str, component: str, data: dict[str, str]) -> dict[str, Any]:
@@ -95,7 +87,7 @@ def test_a_full_service_writes_and_references_exactly_the_captured_secrets() -> 
     assert {n: c for n, c in children.items() if c["kind"] == "Secret"} == {
         "Secret/chat-internal-token": secret("chat-internal-token", "internal-token",
                                              {"token": "tok"}),
-        "Secret/chat-kv-salt": secret("chat-kv-salt", "kv-salt", {"salt": "salty"}),
+        "Secret/chat-kv-salt": secret("chat-kv-salt", "kv-salt", {"salt": "salt"}),
         "Secret/chat-redis-users": secret("chat-redis-users", "redis",
                                           {"admin": "adm", "worker": "wpw", "router": "rpw"})}
     assert refs(children) == {
