@@ -15,6 +15,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from cleave.runtime.engine.dense.linear import cpu_packs_bf16
+
 LAYERS = 30
 SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 
@@ -33,17 +35,22 @@ def methods(rows: int, k: int, ws: list[torch.Tensor]) -> dict[str, Callable[[],
     x = torch.randn(rows, k, dtype=torch.bfloat16)
     xf = x.float()
     wf = [w.float() for w in ws]
-    packed = [w.to_mkldnn() for w in ws]
-    return {
+    found: dict[str, Callable[[], object]] = {
         "bf16 F.linear": lambda: [F.linear(x, w) for w in ws],
         "fp32 F.linear": lambda: [F.linear(xf, w) for w in wf],
-        "bf16 prepacked": lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-                                   for w in packed],
     }
+    if cpu_packs_bf16():  # AVX2-only CPUs have no packed bf16 inner product (dense/linear.py)
+        packed = [w.to_mkldnn() for w in ws]
+        found["bf16 prepacked"] = lambda: [
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed]
+    return found
 
 
 def main() -> None:
     torch.set_num_threads(1)
+    if not cpu_packs_bf16():
+        print("this CPU has no native bf16 (AVX512-BF16/AMX): the engine uses F.linear here; "
+              "only the unpacked methods run", flush=True)
     rows_list = [int(r) for r in sys.argv[1:]] or [1, 4, 16, 32]
     for name, (n, k) in SHAPES.items():
         ws = [torch.randn(n, k, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]

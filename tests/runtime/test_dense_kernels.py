@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cleave.runtime.engine.dense.linear import Linear
+from cleave.runtime.engine.dense import linear as linear_module
+from cleave.runtime.engine.dense.linear import Linear, cpu_packs_bf16
 from cleave.runtime.engine.dense.norms import RMSNorm
 from cleave.runtime.engine.dense.rotary import RotaryTable, apply_rotary
 from cleave.runtime.engine.families.spec import RopeSpec
@@ -20,10 +21,24 @@ def test_prepacked_bf16_linear_matches_f_linear_bit_for_bit(rows: int, biased: b
     weight = torch.randn(96, 80, dtype=torch.bfloat16)
     bias = torch.randn(96, dtype=torch.bfloat16) if biased else None
     linear = Linear(weight, bias)
-    assert linear.packed == torch._C._has_mkldnn
+    assert linear.packed == cpu_packs_bf16()
     assert linear.nbytes() == 96 * 80 * 2 + (96 * 2 if biased else 0)
     x = torch.randn(rows, 80, dtype=torch.bfloat16)
     assert torch.equal(linear(x), F.linear(x, weight, bias))
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_bf16_linear_on_a_cpu_without_native_bf16_runs_unpacked(
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AVX2-only CPU: oneDNN cannot build a packed bf16 inner product there (it raised
+    "could not create a primitive descriptor" at the first forward), so the weight stays as
+    it is and the output is F.linear's."""
+    monkeypatch.setattr(linear_module, "cpu_packs_bf16", lambda: False)
+    weight = torch.randn(96, 80, dtype=torch.bfloat16)
+    linear = Linear(weight)
+    assert not linear.packed and linear.weight is weight
+    x = torch.randn(rows, 80, dtype=torch.bfloat16)
+    assert torch.equal(linear(x), F.linear(x, weight))
 
 
 def test_fp32_linear_is_not_repacked() -> None:
