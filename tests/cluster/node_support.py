@@ -50,8 +50,9 @@ def apps(emu: KubeEmulator) -> client.AppsV1Api:
     return client.AppsV1Api(emu.api_client())
 
 
-def until(node: LocalNode, fn: Callable[[], T], timeout: float = 20.0) -> T:
-    """Poll ``fn`` until truthy; on timeout fail with the node's dump (pods, log tails)."""
+def until(node: LocalNode, fn: Callable[[], T], timeout: float = 60.0) -> T:
+    """Poll ``fn`` until truthy; on timeout fail with the node's dump (pods, log tails).
+    Generous: it costs nothing when ``fn`` comes true, and a loaded box is slow to start pods."""
     deadline = time.monotonic() + timeout
     while not (result := fn()) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -182,7 +182,7 @@ def test_apply_to_answer_scale_roll_and_delete(emu: KubeEmulator, node: LocalNod
     decode_ips = {p["status"]["podIP"] for p in pods(emu, "smollm2", "decode")}
     assert len(decode_ips) == 2
     until(lambda: {w["url"] for w in router_workers(router)["decode"] if w["healthy"]}
-          == {f"http://{ip}:8100" for ip in decode_ips}, 30, node.dump)
+          == {f"http://{ip}:8100" for ip in decode_ips}, 120, node.dump)
     # The second pod serves: the router sends a request to the least loaded decode worker,
     # so requests in parallel reach both (one at a time, the tie always goes to one).
     decode_pods = pods(emu, "smollm2", "decode")
@@ -204,7 +204,7 @@ def test_apply_to_answer_scale_roll_and_delete(emu: KubeEmulator, node: LocalNod
     for pod in rolled:
         assert "--max-num-seqs=8" in pod["spec"]["containers"][0]["args"]
     until(lambda: len([w for w in router_workers(router)["decode"] if w["healthy"]]) == 2,
-          60, node.dump)
+          180, node.dump)
     chat(router + "/v1")
 
     cluster.run(STEPS[12])

@@ -206,13 +206,14 @@ def test_sigterm_grace_then_sigkill_and_replacement(node: LocalNode, emu: KubeEm
     core.delete_namespaced_pod(first["metadata"]["name"], NS)  # kubectl delete pod
     time.sleep(1.0)
     assert alive(pid)  # SIGTERM is ignored: it lives through the grace period
-    until(node, lambda: not alive(pid), timeout=10)
-    assert 1.8 <= time.monotonic() - deleted <= 8.0
+    until(node, lambda: not alive(pid), timeout=40)
+    # Killed after the 2 s grace (it would sleep 600 s otherwise); the slack is a loaded box's.
+    assert 1.8 <= time.monotonic() - deleted <= 30.0
     node.wait_ready("deployment", "stubborn")  # replaced by a new pod
     [second] = pods_of(emu, "stubborn")
     assert second["metadata"]["name"] != first["metadata"]["name"]
     apps.delete_namespaced_deployment("stubborn", NS)
-    until(node, lambda: not node.processes(), timeout=10)
+    until(node, lambda: not node.processes(), timeout=40)
 
 
 def test_rollouts_recreate_and_rolling(node: LocalNode, emu: KubeEmulator,

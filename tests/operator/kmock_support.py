@@ -157,8 +157,11 @@ def run_operator(emu: KubeEmulator, registry: kopf.OperatorRegistry | None = Non
         thread.join(30)
 
 
-def eventually(fn: Callable[[], T], timeout: float = 15.0) -> T:
-    """Poll ``fn`` until it returns something truthy; its last result otherwise fails."""
+def eventually(fn: Callable[[], T], timeout: float = 60.0) -> T:
+    """Poll ``fn`` until it returns something truthy; its last result otherwise fails.
+
+    The bound is generous on purpose: it costs nothing when ``fn`` comes true, and a loaded
+    2-core CI box can take tens of seconds to start an operator and run its first ticks."""
     deadline = time.monotonic() + timeout
     while not (result := fn()) and time.monotonic() < deadline:
         time.sleep(0.05)
