@@ -14,6 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.serving import choices, responses
+from cleave.runtime.serving.wire import TokenLine
 
 
 def test_children_are_seeded_seed_plus_index_within_int64() -> None:
@@ -27,8 +28,9 @@ def test_children_are_seeded_seed_plus_index_within_int64() -> None:
 
 
 def test_best_ranks_by_cumulative_logprob() -> None:
-    def seq(*lps: float) -> list[dict[str, Any]]:
-        return [{"logprobs": [{"token_id": 1, "logprob": x} for x in lps]}]
+    def seq(*lps: float) -> list[TokenLine]:
+        return [TokenLine.model_validate(
+            {"logprobs": [{"token_id": 1, "logprob": x} for x in lps]})]
 
     a, b, c = seq(-1.0, -2.5), seq(-0.5, -0.5), seq(-3.0)
     assert choices.best([a, b, c], 2) == [b, c]
@@ -75,10 +77,10 @@ def test_merged_raises_the_first_failure_and_stops_the_rest() -> None:
     assert all(f"{i}:closed" in log for i in range(3))  # nothing left running
 
 
-def _line(text: str, finished: bool = False, tokens: int = 1) -> dict[str, Any]:
-    return {"text": text, "token_ids": [1], "finished": finished,
+def _line(text: str, finished: bool = False, tokens: int = 1) -> TokenLine:
+    return TokenLine.model_validate({"text": text, "token_ids": [1], "finished": finished,
             "finish_reason": "length" if finished else None, "prompt_tokens": 5,
-            "completion_tokens": tokens, "cached_tokens": 0}
+            "completion_tokens": tokens, "cached_tokens": 0})
 
 
 def test_final_response_with_choices_and_echo() -> None:

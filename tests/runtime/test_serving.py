@@ -381,7 +381,7 @@ def test_worker_refuses_mistyped_sampling_and_stays_alive(stack: Stack,
     code, _ = post_raw(decode.url + "/internal/generate", json.dumps(
         {"prompt_token_ids": [5, 6, 7], "sampling": {}, "first_token": 10**9}).encode())
     assert code == 400  # a first token outside the vocabulary
-    for body, why in (({"first_token": 5, "earlier_token_ids": "x"}, "must be a list of integers"),
+    for body, why in (({"first_token": 5, "earlier_token_ids": "x"}, "earlier_token_ids"),
                       ({"earlier_token_ids": [1]}, "needs first_token"),
                       ({"first_token": 5, "earlier_token_ids": [10**9]}, "output token ids")):
         code, reply = post_raw(decode.url + "/internal/generate", json.dumps(

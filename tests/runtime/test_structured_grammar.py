@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
 from typing import Any
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from cleave.runtime.engine.grammar import Constraint, mask_words
 from cleave.runtime.engine.outputs import KVHandoff
 from cleave.runtime.engine.sequence import FinishReason, RequestError, SamplingParams
 from cleave.runtime.serving.structured_fields import grammar
-from cleave.runtime.serving.worker_sampling import sampling_from_json
+from cleave.runtime.serving.wire import GenerateRequest
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "size"],
           "properties": {"name": {"type": "string", "maxLength": 6},
@@ -155,8 +155,10 @@ def test_a_grammar_that_does_not_compile_is_refused(engine: Any) -> None:
 
 
 def test_the_grammar_crosses_the_worker_wire() -> None:
-    """The router sends ``asdict(params)``; the worker reads the grammar back, typed."""
+    """The router encodes the wire message; the worker reads the grammar back, typed."""
     params = SamplingParams(max_tokens=4, grammar=_grammar(guided_choice=["a", "b"]))
-    assert sampling_from_json(json.loads(json.dumps(asdict(params)))) == params
-    with pytest.raises(RequestError, match=r"sampling\.grammar"):
-        sampling_from_json({"grammar": 5})
+    sent = GenerateRequest(prompt_token_ids=[1], sampling=params).model_dump_json()
+    assert GenerateRequest.model_validate_json(sent).sampling == params
+    with pytest.raises(ValidationError, match=r"sampling\.grammar"):
+        GenerateRequest.model_validate_json(
+            '{"prompt_token_ids": [1], "sampling": {"grammar": 5}}')

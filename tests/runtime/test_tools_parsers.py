@@ -20,6 +20,7 @@ from cleave.runtime.serving.tool_parsers import (
     collect,
     forced_prefix,
 )
+from cleave.runtime.serving.wire import TokenLine
 
 HERMES_TWO = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": '
               '"Paris <b>", "n": [1, {"x": "}"}]}}\n</tool_call>\n<tool_call>{"name": "now", '
@@ -173,12 +174,12 @@ def test_round_trip_messages_reach_the_template_as_objects() -> None:
         {"role": "tool", "content": "22 C", "tool_call_id": "c1"}]
 
 
-def _lines(text: str, size: int) -> list[dict[str, Any]]:
+def _lines(text: str, size: int) -> list[TokenLine]:
     """A worker's NDJSON lines carrying ``text`` in pieces of ``size`` characters."""
     pieces = [text[i:i + size] for i in range(0, len(text), size)]
-    return [{"text": p, "token_ids": [1], "finished": i == len(pieces) - 1,
-             "finish_reason": "stop" if i == len(pieces) - 1 else None, "prompt_tokens": 5,
-             "completion_tokens": i + 1} for i, p in enumerate(pieces)]
+    return [TokenLine(text=p, token_ids=[1], finished=i == len(pieces) - 1,
+                      finish_reason="stop" if i == len(pieces) - 1 else None, prompt_tokens=5,
+                      completion_tokens=i + 1) for i, p in enumerate(pieces)]
 
 
 @pytest.mark.parametrize("size", [1, 3, 1000])

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from cleave.runtime.engine.sequence import SamplingParams
+from cleave.runtime.serving.wire import TokenLine as Line
 
-Line = dict[str, Any]
 _INT64 = 1 << 64
 _INT64_MIN = -(1 << 63)
 
@@ -34,8 +33,8 @@ def child_params(params: SamplingParams, index: int, ranked: bool) -> SamplingPa
     return replace(params, seed=seed, logprobs=logprobs)
 
 
-def cumulative_logprob(lines: Sequence[Mapping[str, Any]]) -> float:
-    return sum(float(e["logprob"]) for line in lines for e in line.get("logprobs", []))
+def cumulative_logprob(lines: Sequence[Line]) -> float:
+    return sum(e.logprob for line in lines for e in line.logprobs)
 
 
 def best(sequences: Sequence[list[Line]], n: int) -> list[list[Line]]:

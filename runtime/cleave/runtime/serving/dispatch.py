@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from cleave.runtime import metrics
 from cleave.runtime.serving import protocol as api
@@ -22,13 +21,14 @@ from cleave.runtime.serving.fleet import Fleet
 from cleave.runtime.serving.resume import continuation, rebased
 from cleave.runtime.serving.routing import choose_server
 from cleave.runtime.serving.upstream import WorkerRejected, WorkerUnavailable
+from cleave.runtime.serving.wire import GenerateRequest, TokenLine
 
 log = logging.getLogger("cleave.router")
 
 
-async def decode_stream(fleet: Fleet, rid: str, payload: dict[str, Any], sent: list[int],
+async def decode_stream(fleet: Fleet, rid: str, payload: GenerateRequest, sent: list[int],
                         start: float, deadline: Deadline, idle_timeout: float
-                        ) -> AsyncIterator[dict[str, Any]]:
+                        ) -> AsyncIterator[TokenLine]:
     """The worker lines of one request's decode, from whichever worker can give them.
 
     ``sent`` holds the tokens the client already has (a prefill's first token) and grows as
@@ -36,7 +36,7 @@ async def decode_stream(fleet: Fleet, rid: str, payload: dict[str, Any], sent: l
     attempt shares the request's one ``deadline`` (a 504 once it passes).
     """
     handed = len(sent)
-    cached_tokens = 0
+    cached_tokens: int | None = 0
     tried: set[str] = set()
     while True:
         chosen = choose_server(fleet.decode_candidates(), fleet.prefill_candidates(),
@@ -54,13 +54,13 @@ async def decode_stream(fleet: Fleet, rid: str, payload: dict[str, Any], sent: l
         left = deadline.remaining()
         try:
             async for line in pool.generate(worker.url, attempt, left, min(idle_timeout, left)):
-                if not sent and line.get("token_ids"):
+                if not sent and line.token_ids:
                     metrics.TTFT.labels("router").observe(time.perf_counter() - start)
                 if resumed:
                     line = rebased(line, cached_tokens)
                 else:
-                    cached_tokens = int(line.get("cached_tokens", cached_tokens))
-                sent.extend(line.get("token_ids") or [])
+                    cached_tokens = line.cached_tokens
+                sent.extend(line.token_ids)
                 yield line
             metrics.E2E.labels("router").observe(time.perf_counter() - start)
             return

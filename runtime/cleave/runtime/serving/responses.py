@@ -14,6 +14,7 @@ from typing import Any, Final, Literal
 
 from cleave.runtime.engine.sequence import FinishReason, TokenLogprob
 from cleave.runtime.serving.tool_parsers import ToolCall, ToolCallStream, ToolDelta, collect
+from cleave.runtime.serving.wire import TokenLine
 
 JSONObject = dict[str, Any]
 APIFinishReason = Literal["stop", "length", "tool_calls"]
@@ -72,10 +73,6 @@ def usage(prompt_tokens: int, completion_tokens: int,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": None if cached_tokens is None
             else {"cached_tokens": cached_tokens}}
-
-
-def _cached(line: Mapping[str, Any]) -> int | None:
-    return None if "cached_tokens" not in line else int(line["cached_tokens"])
 
 
 def _lp(logprob: float) -> float:
@@ -187,23 +184,15 @@ def sse(data: Mapping[str, Any]) -> bytes:
                                   separators=(",", ":")).encode() + b"\n\n"
 
 
-def _line_logprobs(line: Mapping[str, Any]) -> list[TokenLogprob]:
-    return [TokenLogprob(int(e["token_id"]), float(e["logprob"]),
-                         tuple((int(i), float(x)) for i, x in e.get("top", [])))
-            for e in line.get("logprobs", [])]
+def _line_logprobs(line: TokenLine) -> list[TokenLogprob]:
+    return [TokenLogprob(e.token_id, e.logprob, tuple(e.top)) for e in line.logprobs]
 
 
-def _line_usage(line: Mapping[str, Any]) -> JSONObject:
-    return usage(int(line.get("prompt_tokens", 0)), int(line.get("completion_tokens", 0)),
-                 _cached(line))
-
-
-def _total_usage(finals: Sequence[Mapping[str, Any]]) -> JSONObject:
+def _total_usage(finals: Sequence[TokenLine]) -> JSONObject:
     """One request's usage over its choices: the prompt once, every choice's tokens."""
     first = finals[0]
-    return usage(int(first.get("prompt_tokens", 0)),
-                 sum(int(f.get("completion_tokens", 0)) for f in finals),
-                 _cached(first))
+    return usage(first.prompt_tokens, sum(f.completion_tokens for f in finals),
+                 first.cached_tokens)
 
 
 class StreamWriter:
@@ -224,17 +213,17 @@ class StreamWriter:
         self.echo = echo  # completions: the prompt's text, in front of each choice's
         self.started: set[int] = set()
         self.offsets = [0] * choices
-        self.finals: list[Mapping[str, Any]] = []
+        self.finals: list[TokenLine] = []
         self.tools = [tools() for _ in range(choices)] if tools is not None else None
 
-    def chunks(self, line: Mapping[str, Any], index: int = 0) -> list[bytes]:
-        text = str(line.get("text", ""))
+    def chunks(self, line: TokenLine, index: int = 0) -> list[bytes]:
+        text = line.text
         first = index not in self.started
         self.started.add(index)
         if first and self.echo:
             text = self.echo + text
-        finished = bool(line.get("finished"))
-        reason = line.get("finish_reason") if finished else None
+        finished = line.finished
+        reason = line.finish_reason if finished else None
         lps = _line_logprobs(line) if self.want_logprobs else []
         out: list[bytes] = []
         if self.chat:
@@ -278,15 +267,15 @@ def _with_tools(text: str, tools: ToolStreams) -> tuple[str, list[ToolCall]]:
 
 
 def final_response(request_id: str, model: str, chat: bool,
-                   choices: Sequence[Sequence[Mapping[str, Any]]],
+                   choices: Sequence[Sequence[TokenLine]],
                    token_text: Callable[[int], str], want_logprobs: bool,
                    echo: str = "", tools: ToolStreams = None) -> JSONObject:
     """The whole (non-streamed) response from every line of each finished choice, in order."""
     built = []
     for index, lines in enumerate(choices):
-        text = echo + "".join(str(line.get("text", "")) for line in lines)
+        text = echo + "".join(line.text for line in lines)
         lps = [lp for line in lines for lp in _line_logprobs(line)] if want_logprobs else []
-        reason = str(lines[-1].get("finish_reason") or "stop")
+        reason = lines[-1].finish_reason or "stop"
         if chat:
             text, calls = _with_tools(text, tools)
             built.append(_chat_choice(index, text, reason, chat_logprobs(lps, token_text)

@@ -10,20 +10,18 @@ the right output index, and its counts are the request's own. Greedy output goes
 
 from __future__ import annotations
 
-from typing import Any
+from cleave.runtime.serving.wire import GenerateRequest, TokenLine
 
 
-def continuation(payload: dict[str, Any], sent: list[int]) -> dict[str, Any]:
+def continuation(payload: GenerateRequest, sent: list[int]) -> GenerateRequest:
     """The decode request that goes on from the tokens already sent. Their KV is rebuilt
     (from the store's blocks of the prompt where it has them), so anything missing is
     recomputed whatever the request's policy: the client is already reading the answer."""
-    return {**payload, "first_token": sent[-1], "earlier_token_ids": sent[:-1],
-            "kv_load_failure_policy": "recompute"}
+    return payload.model_copy(update={"first_token": sent[-1], "earlier_token_ids": sent[:-1],
+                                      "kv_load_failure_policy": "recompute"})
 
 
-def rebased(line: dict[str, Any], cached_tokens: int) -> dict[str, Any]:
+def rebased(line: TokenLine, cached_tokens: int | None) -> TokenLine:
     """A continuation's line with the prompt tokens the request really found cached (the
     continuation's own lookup found the blocks the first attempt saved)."""
-    if "cached_tokens" not in line:
-        return line
-    return {**line, "cached_tokens": cached_tokens}
+    return line.model_copy(update={"cached_tokens": cached_tokens})

@@ -24,8 +24,8 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -51,6 +51,12 @@ from cleave.runtime.serving.routing import (
 )
 from cleave.runtime.serving.upstream import WorkerRejected, WorkerUnavailable
 from cleave.runtime.serving.vllm_api import Prompts, VllmEndpoints
+from cleave.runtime.serving.wire import (
+    GenerateRequest,
+    KVLoadFailurePolicy,
+    PrefillRequest,
+    TokenLine,
+)
 
 log = logging.getLogger("cleave.router")
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -263,7 +269,7 @@ class Router:
                                             want_lps, choices=count, echo=echo,
                                             tools=streams)
             return await _stream(request, events, writer, rid)
-        lines: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+        lines: list[list[TokenLine]] = [[] for _ in range(count)]
         async for index, line in events:
             lines[index].append(line)
         if ranked:
@@ -276,11 +282,10 @@ class Router:
         return str(self.tokenizer.decode([token_id]))
 
     async def _generate(self, rid: str, ids: list[int],
-                        params: SamplingParams) -> AsyncGenerator[dict[str, Any], None]:
+                        params: SamplingParams) -> AsyncGenerator[TokenLine, None]:
         cfg = self.config
         await self.fleet.hold_for_worker(rid)
         deadline = Deadline.after(cfg.request_timeout_seconds)  # every attempt shares it
-        sampling = asdict(params)
         start = time.perf_counter()
         first: int | None = None
         path = await self._choose_path(ids, params)
@@ -290,28 +295,30 @@ class Router:
             assert worker is not None  # _choose_path saw one
             try:
                 res = await self.fleet.pool_for(worker.url).prefill(
-                    worker.url, {"request_id": rid, "prompt_token_ids": ids,
-                                 "sampling": sampling}, deadline.remaining())
+                    worker.url, PrefillRequest(request_id=rid, prompt_token_ids=ids,
+                                               sampling=params), deadline.remaining())
             except WorkerUnavailable as e:
                 log.warning("request %s: %s; serving it decode-only", rid, e)
                 path = PathChoice(False, "prefill_failed")
             except WorkerRejected as e:
                 raise api.APIError(400, str(e)) from None
             else:
-                first = int(res["first_token"])
+                first = res.first_token
                 metrics.TTFT.labels("router").observe(time.perf_counter() - start)
-                yield {"text": res.get("text", ""), "token_ids": [first], "finished": False}
+                yield TokenLine(text=res.text, token_ids=[first])
         metrics.ROUTING_DECISIONS.labels(
             "disaggregated" if first is not None else
             "prefill_only" if path.reason == "no_decode_worker" else "decode_only",
             path.reason).inc()
-        payload = {"request_id": rid, "prompt_token_ids": ids, "sampling": sampling,
-                   "first_token": first, "kv_load_failure_policy": cfg.kv_load_failure_policy}
+        payload = GenerateRequest(request_id=rid, prompt_token_ids=ids, sampling=params,
+                                  first_token=first,
+                                  kv_load_failure_policy=cast(  # checked in RouterConfig
+                                      KVLoadFailurePolicy, cfg.kv_load_failure_policy))
         async for line in decode_stream(self.fleet, rid, payload,
                                         [first] if first is not None else [], start,
                                         deadline, cfg.worker_idle_timeout_seconds):
-            if not cfg.show_cached_tokens:
-                line.pop("cached_tokens", None)  # then the usage has no prompt_tokens_details
+            if not cfg.show_cached_tokens:  # then the usage has no prompt_tokens_details
+                line = line.model_copy(update={"cached_tokens": None})
             yield line
 
     async def _choose_path(self, ids: list[int], params: SamplingParams) -> PathChoice:
@@ -348,7 +355,7 @@ async def _json(request: web.Request) -> Any:
         raise api.APIError(400, "the request body is not valid JSON") from None
 
 
-async def _stream(request: web.Request, events: AsyncIterator[tuple[int, dict[str, Any]]],
+async def _stream(request: web.Request, events: AsyncIterator[tuple[int, TokenLine]],
                   writer: responses.StreamWriter, rid: str) -> web.StreamResponse:
     """SSE: nothing is sent until the first token, so early failures are ordinary errors."""
     response: web.StreamResponse | None = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import time
@@ -14,8 +13,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from pydantic import ValidationError
 
 from cleave.runtime.serving.routing import WorkerState, updated_rate
+from cleave.runtime.serving.wire import (
+    GenerateRequest,
+    PrefillReply,
+    PrefillRequest,
+    TokenLine,
+    WorkerStats,
+    error_message,
+)
 
 log = logging.getLogger("cleave.router")
 DOWN_COOLDOWN_SECONDS = 2.0
@@ -154,11 +162,12 @@ class WorkerPool:
             try:
                 async with self.session.get(url + "/internal/stats",
                                             timeout=aiohttp.ClientTimeout(total=1.0)) as r:
-                    stats = await r.json() if r.status == 200 else None
+                    stats = WorkerStats.model_validate_json(await r.read()) \
+                        if r.status == 200 else None
                     refused = r.status == 401  # a token that differs from the worker's
-            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+            except (aiohttp.ClientError, TimeoutError, ValidationError):
                 stats, refused = None, False
-            if stats is None or stats.get("draining"):
+            if stats is None or stats.draining:
                 if tracked.state.healthy or (refused and not tracked.refused):  # flips only
                     log.warning("worker %s is out of rotation: %s", url,
                                 "draining" if stats else "it refused the internal token"
@@ -169,45 +178,43 @@ class WorkerPool:
             tracked.refused = False
             if not tracked.state.healthy:
                 log.info("worker %s is ready", url)
-            if stats.get("kv_namespace") and stats.get("kv_root_hash"):
-                self.kv_identity = (str(stats["kv_root_hash"]), int(stats["block_size"]),
-                                    str(stats["kv_namespace"]))
-            role = stats.get("role")
+            if stats.kv_namespace and stats.kv_root_hash and stats.block_size:
+                self.kv_identity = (stats.kv_root_hash, stats.block_size, stats.kv_namespace)
+            role = stats.role
             if role != tracked.state.role and tracked.state.role is not None:
                 log.info("worker %s is now in the %s role", url, role)
-            context = stats.get("max_model_len")
-            tracked.state = replace(tracked.state, healthy=True,
-                                    kv_usage=float(stats.get("kv_usage", 0.0)),
-                                    waiting=int(stats.get("waiting", 0)),
-                                    role=str(role) if role else None,
-                                    max_model_len=int(context) if context else None)
+            tracked.state = replace(tracked.state, healthy=True, kv_usage=stats.kv_usage,
+                                    waiting=stats.waiting, role=role,
+                                    max_model_len=stats.max_model_len or None)
 
         await asyncio.gather(*(one(u, t) for u, t in self._workers.items()))
 
     # -- calls ---------------------------------------------------------------------------
-    async def prefill(self, url: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
-        tokens = len(payload["prompt_token_ids"])
+    async def prefill(self, url: str, payload: PrefillRequest, timeout: float) -> PrefillReply:
+        tokens = len(payload.prompt_token_ids)
         ahead = self._workers[url].state.queued_tokens
         start = time.monotonic()
         with self.track(url, tokens):
             try:
-                async with self.session.post(url + "/internal/prefill", json=payload,
+                async with self.session.post(url + "/internal/prefill", data=_encode(payload),
+                                             headers=_JSON,
                                              timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                    body = await r.json(content_type=None)
+                    body = await r.read()
                     status = r.status
-            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+                reply = PrefillReply.model_validate_json(body) if status == 200 else None
+            except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
                 self.mark_down(url)
                 raise WorkerUnavailable(f"prefill worker {url}: {type(e).__name__}") from None
         if 400 <= status < 500:
-            raise WorkerRejected(_message(body))
-        if status != 200:
+            raise WorkerRejected(error_message(body))
+        if reply is None:
             self.mark_down(url)
             raise WorkerUnavailable(f"prefill worker {url} answered {status}")
         self.speed.observe(time.monotonic() - start, ahead + tokens)
-        return dict(body)
+        return reply
 
-    async def generate(self, url: str, payload: dict[str, Any], timeout: float,
-                       idle_timeout: float) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, url: str, payload: GenerateRequest, timeout: float,
+                       idle_timeout: float) -> AsyncIterator[TokenLine]:
         """The worker's NDJSON lines; ends with a ``finished`` line or raises.
 
         ``idle_timeout`` bounds the gap between lines: a worker that dies mid-stream is
@@ -216,29 +223,29 @@ class WorkerPool:
         with self.track(url):
             try:
                 async with self.session.post(
-                        url + "/internal/generate", json=payload,
+                        url + "/internal/generate", data=_encode(payload), headers=_JSON,
                         timeout=aiohttp.ClientTimeout(total=timeout,
                                                       sock_read=idle_timeout)) as r:
                     if 400 <= r.status < 500:
-                        raise WorkerRejected(_message(await r.json(content_type=None)),
-                                             r.status)
+                        raise WorkerRejected(error_message(await r.read()), r.status)
                     if r.status != 200:
                         raise WorkerUnavailable(f"decode worker {url} answered {r.status}")
                     async for raw in r.content:
                         if not raw.strip():
                             continue
-                        line = json.loads(raw)
+                        line = TokenLine.model_validate_json(raw)
                         yield line
-                        if line.get("finished"):
+                        if line.finished:
                             return
-            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+            except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
                 self.mark_down(url)
                 raise WorkerUnavailable(f"decode worker {url}: {type(e).__name__}") from None
             self.mark_down(url)
             raise WorkerUnavailable(f"decode worker {url} ended the stream early")
 
 
-def _message(body: Any) -> str:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message", "rejected"))
-    return "rejected by the worker"
+_JSON = {"Content-Type": "application/json"}
+
+
+def _encode(message: PrefillRequest) -> bytes:
+    return message.model_dump_json().encode()

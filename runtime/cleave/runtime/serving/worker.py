@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel, ValidationError
 
 from cleave.runtime import engine_metrics, metrics
 from cleave.runtime.engine.async_engine import AsyncEngine, EngineDeadError, last_output
@@ -42,22 +42,40 @@ from cleave.runtime.engine.sequence import RequestError, SamplingParams
 from cleave.runtime.kv_connector import KVBlocksMissing, KVStoreConnector
 from cleave.runtime.serving.internal_auth import require_token
 from cleave.runtime.serving.protocol import BODY_READ_SECONDS
+from cleave.runtime.serving.wire import (
+    ErrorDetail,
+    ErrorReply,
+    GenerateRequest,
+    LineLogprob,
+    PrefillReply,
+    PrefillRequest,
+    RoleReply,
+    RoleRequest,
+    TokenLine,
+    WorkerStats,
+    describe,
+)
 from cleave.runtime.serving.worker_limits import (
     Admission,
     Saturated,
     check_earlier,
     check_request,
 )
-from cleave.runtime.serving.worker_role import RoleError, WorkerRoles, flip_target
-from cleave.runtime.serving.worker_sampling import is_int, list_of, sampling_from_json
+from cleave.runtime.serving.worker_role import RoleError, WorkerRoles, check_flip
 
 log = logging.getLogger("cleave.worker")
+Message = TypeVar("Message", bound=BaseModel)
+Work = TypeVar("Work", bound=PrefillRequest)
 ENGINE_CHECK_SECONDS = 0.5
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error"}},
-                             status=status)
+    return _reply(ErrorReply(error=ErrorDetail(message=message)), status)
+
+
+def _reply(message: BaseModel, status: int = 200) -> web.Response:
+    return web.Response(body=message.model_dump_json(), status=status,
+                        content_type="application/json")
 
 
 class Worker:
@@ -121,30 +139,21 @@ class Worker:
 
     async def stats(self, _: web.Request) -> web.Response:
         core = self.engine.engine
-        return web.json_response({
-            "role": self.role, "home_role": self.roles.home, "flips": self.roles.flips,
-            "running": len(core.scheduler.running),
-            "waiting": len(core.scheduler.waiting), "inflight": self.inflight,
-            "kv_usage": core.kv_usage_ratio(),
-            "draining": self.draining or self.engine.dead is not None,
-            "max_model_len": core.max_model_len,
-            # What a router needs to ask the store how much of a prompt is cached.
-            "kv_root_hash": core.root_hash.hex(), "block_size": core.config.block_size,
-            "kv_namespace": self.connector.store.keys.namespace if self.connector else None})
+        return _reply(WorkerStats(
+            role=self.roles.current, home_role=self.roles.home, flips=self.roles.flips,
+            running=len(core.scheduler.running), waiting=len(core.scheduler.waiting),
+            inflight=self.inflight, kv_usage=core.kv_usage_ratio(),
+            draining=self.draining or self.engine.dead is not None,
+            max_model_len=core.max_model_len, kv_root_hash=core.root_hash.hex(),
+            block_size=core.config.block_size,
+            kv_namespace=self.connector.store.keys.namespace if self.connector else None))
 
     # -- work ----------------------------------------------------------------------------
-    async def _parse(self, request: web.Request) -> tuple[str, list[int], SamplingParams,
-                                                          dict[str, Any]]:
-        body = await _read_json(request)
-        if not isinstance(body, dict):
-            raise RequestError("body must be a JSON object")
-        ids = body.get("prompt_token_ids")
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-            raise RequestError("prompt_token_ids must be a list of integers")
-        rid = str(body.get("request_id") or f"w-{time.monotonic_ns()}")
-        params = sampling_from_json(body.get("sampling", {}))
-        check_request(len(ids), params, self.engine.engine.max_model_len)
-        return rid, ids, params, body
+    async def _parse(self, request: web.Request, kind: type[Work]) -> tuple[str, Work]:
+        message = await _read(request, kind)
+        check_request(len(message.prompt_token_ids), message.sampling,
+                      self.engine.engine.max_model_len)
+        return message.request_id or f"w-{time.monotonic_ns()}", message
 
     async def prefill(self, request: web.Request) -> web.Response:
         try:
@@ -161,9 +170,10 @@ class Worker:
             # whole elsewhere, as for any failed prefill.
             return _error(503, "this is a decode worker")
         try:
-            rid, ids, params, _ = await self._parse(request)
+            rid, asked = await self._parse(request, PrefillRequest)
         except RequestError as e:
             return _error(400, str(e))
+        ids, params = asked.prompt_token_ids, asked.sampling
         self.inflight += 1
         start = time.perf_counter()
         try:
@@ -183,28 +193,25 @@ class Worker:
         engine_metrics.record_visit(self.role, out, prefilled=False, prefill_only=True)
         handoff = out.handoff
         assert handoff is not None and handoff.first_token is not None
-        return web.json_response({
-            "request_id": rid, "first_token": handoff.first_token, "text": out.new_text,
-            "num_prompt_tokens": out.num_prompt_tokens,
-            "num_cached_tokens": out.num_cached_tokens,
-            "num_blocks": len(handoff.block_hashes)})
+        return _reply(PrefillReply(
+            request_id=rid, first_token=handoff.first_token, text=out.new_text,
+            num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
+            num_blocks=len(handoff.block_hashes)))
 
     async def flip(self, request: web.Request) -> web.Response:
         """``POST /internal/role {"role": "prefill"|"decode"}``: change the current role at once.
         Work in flight finishes here; new work follows the role the router reads in stats."""
         try:
-            body = await _read_json(request)
-        except RequestError:
-            body = None
-        try:
-            role = flip_target(body, self.roles.home, self.draining)
+            role = (await _read(request, RoleRequest)).role
+            check_flip(self.roles.home, self.draining)
+        except RequestError as e:
+            return _error(400, f"the body must be {{\"role\": \"prefill\" or \"decode\"}}: {e}")
         except RoleError as e:
             return _error(e.status, str(e))
         before = self.roles.flip(role)
         if before != role:
             log.info("role %s -> %s (home role %s)", before, role, self.roles.home)
-        return web.json_response({"role": role, "previous": before,
-                                  "home_role": self.roles.home})
+        return _reply(RoleReply(role=role, previous=before, home_role=self.roles.home))
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -220,18 +227,12 @@ class Worker:
         # decode worker is healthy (every worker holds the whole model; see dispatch.py).
         start = time.perf_counter()
         try:
-            rid, ids, params, body = await self._parse(request)
-            first = body.get("first_token")
-            if first is not None and not is_int(first):
-                raise RequestError("first_token must be an integer")
-            earlier = body.get("earlier_token_ids") or []
-            if not list_of(earlier, is_int):
-                raise RequestError("earlier_token_ids must be a list of integers")
-            if earlier and first is None:
-                raise RequestError("earlier_token_ids needs first_token")
-            check_earlier(len(earlier), params)
-            recompute = body.get("kv_load_failure_policy", "recompute") != "fail"
-            stream = await self._stream(rid, ids, params, first, tuple(earlier), recompute)
+            rid, asked = await self._parse(request, GenerateRequest)
+            ids, params, first = asked.prompt_token_ids, asked.sampling, asked.first_token
+            check_earlier(len(asked.earlier_token_ids), params)
+            recompute = asked.kv_load_failure_policy != "fail"
+            stream = await self._stream(rid, ids, params, first,
+                                        tuple(asked.earlier_token_ids), recompute)
             head = await anext(stream)  # validation errors surface before any byte is sent
         except RequestError as e:
             return _error(400, str(e))
@@ -296,28 +297,31 @@ class Worker:
             log.warning("grace period over with %d requests in flight", self.inflight)
 
 
-async def _read_json(request: web.Request) -> Any:
-    """The body as JSON; RequestError for anything else, a deeply nested document (the
-    parser's RecursionError) and a body not read within BODY_READ_SECONDS included."""
+async def _read(request: web.Request, kind: type[Message]) -> Message:
+    """The body as the wire message it must be (wire.py); RequestError for anything else, a
+    deeply nested document and a body not read within BODY_READ_SECONDS included."""
     try:
         async with asyncio.timeout(BODY_READ_SECONDS):
-            return await request.json()
+            body = await request.read()
     except TimeoutError:
         raise RequestError("the body was not read in time") from None
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise RequestError("body is not JSON") from None
+    try:
+        return kind.model_validate_json(body)
+    except ValidationError as e:
+        raise RequestError(describe(e)) from None
 
 
 def _line(out: RequestOutput) -> bytes:
-    record: dict[str, Any] = {
-        "token_ids": out.new_token_ids, "text": out.new_text, "finished": out.finished,
-        "finish_reason": str(out.finish_reason) if out.finish_reason else None,
-        "prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
-        "cached_tokens": out.num_cached_tokens}
-    if out.new_logprobs:
-        record["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob,
-                               "top": [list(t) for t in lp.top]} for lp in out.new_logprobs]
-    return json.dumps(record).encode() + b"\n"
+    line = TokenLine(
+        token_ids=out.new_token_ids, text=out.new_text, finished=out.finished,
+        finish_reason=str(out.finish_reason) if out.finish_reason else None,
+        prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
+        cached_tokens=out.num_cached_tokens,
+        logprobs=[LineLogprob(token_id=lp.token_id, logprob=lp.logprob, top=list(lp.top))
+                  for lp in out.new_logprobs or ()])
+    # Logprobs are written only when there are some: most lines have none.
+    return line.model_dump_json(exclude=None if out.new_logprobs else {"logprobs"}
+                                ).encode() + b"\n"
 
 
 async def serve(worker: Worker, host: str, port: int, grace_seconds: float) -> int:

@@ -25,15 +25,12 @@ class RoleError(ValueError):
         self.status = status
 
 
-def flip_target(body: Any, home: str, draining: bool) -> str:
-    """The role a ``POST /internal/role`` body asks for, validated (pure)."""
-    if not isinstance(body, dict) or body.get("role") not in FLIPPABLE:
-        raise RoleError(f"the body must be {{\"role\": one of {list(FLIPPABLE)}}}")
+def check_flip(home: str, draining: bool) -> None:
+    """Whether a worker may flip at all (pure); the body's role is wire.RoleRequest's."""
     if home == "both":
         raise RoleError("a worker started in the both role serves both phases already", 409)
     if draining:
         raise RoleError("the worker is draining", 409)
-    return str(body["role"])
 
 
 class WorkerRoles:
