@@ -92,7 +92,7 @@ CHAT_BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"top_logprobs": -1}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
      "tools[0].function.strict"),
-    ({"tools": [{"type": "function"}]}, "tools[0]"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
     ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools[0].function.name"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
      "tools[0].function.parameters"),
@@ -103,7 +103,7 @@ CHAT_BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"messages": [{"role": "tool", "content": "x", "tool_call_id": 5}]},
      "messages[0].tool_call_id"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]},
-     "messages[0].tool_calls[0]"),
+     "messages[0].tool_calls[0].function.arguments"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
 ]

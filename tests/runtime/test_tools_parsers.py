@@ -145,7 +145,7 @@ def test_bad_tool_requests_are_a_400(fields: dict[str, Any], param: str,
 
 def test_tool_choices() -> None:
     def choice(**fields: Any) -> tools.ToolRequest | None:
-        return api.parse_chat_request({**CHAT, **fields}, ["m"]).tools
+        return api.parse_chat_request({**CHAT, **fields}, ["m"]).tool_request
 
     auto = choice(tools=[TOOL, TOOL_G])
     assert auto is not None and (auto.choice, auto.name, auto.parallel) == ("auto", None, True)
@@ -221,7 +221,7 @@ def test_required_and_named_calls_get_a_grammar_and_an_opening(parser: str) -> N
     from cleave.runtime.engine.sequence import SamplingParams
 
     required = api.parse_chat_request({**CHAT, "tools": [TOOL, TOOL_G],
-                                       "tool_choice": "required"}, ["m"]).tools
+                                       "tool_choice": "required"}, ["m"]).tool_request
     assert required is not None and required.choice == "required"
     constrained = tools.constrain(SamplingParams(max_tokens=9), required, parser)
     assert constrained.grammar is not None and constrained.max_tokens == 9
@@ -232,10 +232,10 @@ def test_required_and_named_calls_get_a_grammar_and_an_opening(parser: str) -> N
     stream = plan.stream()  # reads the opening first: the grammar's call is a call
     body = json.dumps({"name": "g", tools.arguments_key(parser): {"x": 1}})
     assert collect(stream.feed(body) + stream.finish())[1][0].name == "g"
-    auto = api.parse_chat_request({**CHAT, "tools": [TOOL]}, ["m"]).tools
+    auto = api.parse_chat_request({**CHAT, "tools": [TOOL]}, ["m"]).tool_request
     assert tools.constrain(SamplingParams(max_tokens=9), auto, parser).grammar is None
     named = api.parse_chat_request({**CHAT, "tools": [TOOL], "tool_choice": "required"},
-                                   ["m"]).tools
+                                   ["m"]).tool_request
     with pytest.raises(api.APIError) as e:  # two grammars cannot hold at once
         tools.constrain(SamplingParams(max_tokens=9, grammar="start: \"a\""), named, parser)
     assert e.value.param == "tool_choice"

@@ -1,13 +1,12 @@
-"""JSON request fields read strictly, and the OpenAI-shaped error a bad one becomes.
-
-Shared by every request parser of the router (protocol.py, sampling_fields.py, vllm_api.py):
-one reading of "an integer", "a number in a range", "null means not given".
+"""The OpenAI-shaped error a bad request becomes (``{"error": {...}}``, wire.ErrorReply's
+shape): what every request model's validation (request_types.api_error) and the router raise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal
+
+from cleave.runtime.serving.wire import ErrorDetail, ErrorReply
 
 JSONObject = dict[str, Any]
 ErrorType = Literal["invalid_request_error", "not_found_error", "authentication_error",
@@ -27,53 +26,9 @@ class APIError(Exception):
         self.code = code
 
     def body(self) -> JSONObject:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return ErrorReply(error=ErrorDetail(message=self.message, type=self.type,
+                                            param=self.param, code=self.code)).model_dump()
 
 
 def bad(param: str | None, message: str) -> APIError:
     return APIError(400, message, param=param)
-
-
-def as_int(v: object) -> int | None:
-    """``v`` as an int, or None. Booleans are not ints; 2.0 is, as in JSON Schema's "integer"."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return None
-
-
-def read_int(body: Mapping[str, object], name: str, lo: int, hi: int) -> int | None:
-    v = body.get(name)
-    if v is None:  # JSON null means "not given", as OpenAI treats it
-        return None
-    i = as_int(v)
-    if i is None:
-        raise bad(name, f"'{name}' must be an integer")
-    if not lo <= i <= hi:
-        raise bad(name, f"'{name}' must be in [{lo}, {hi}], got {i}")
-    return i
-
-
-def read_float(body: Mapping[str, object], name: str, lo: float, hi: float,
-           *, lo_open: bool = False) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise bad(name, f"'{name}' must be a number")
-    # Compared before float(): a huge int would overflow it; NaN (json.loads accepts it) fails.
-    if not ((lo < v if lo_open else lo <= v) and v <= hi):
-        raise bad(name, f"'{name}' must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}")
-    return float(v)
-
-
-def read_bool(body: Mapping[str, object], name: str, param: str | None = None) -> bool | None:
-    v = body.get(name)
-    if v is not None and not isinstance(v, bool):
-        param = param or name
-        raise bad(param, f"'{param}' must be a boolean")
-    return v if isinstance(v, bool) else None

@@ -230,14 +230,14 @@ class Router:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         parsed = api.parse_chat_request(await _json(request), [self.config.model])
         with self.admission.slot():
-            plan = tools.plan(parsed.tools, self.tool_parser)
+            plan = tools.plan(parsed.tool_request, self.tool_parser)
             ids = await self.admission.off_loop(
                 self.prompts.chat_ids, parsed.template_messages(),
-                tools=parsed.tools.template_tools() if parsed.tools else None,
-                suffix=tools.generation_suffix(parsed.tools, self.tool_parser))
+                tools=parsed.tool_request.template_tools() if parsed.tool_request else None,
+                suffix=tools.generation_suffix(parsed.tool_request, self.tool_parser))
             context = self.max_model_len
             params = tools.constrain(
-                parsed.sampling_params(max(1, context - len(ids))), parsed.tools,
+                parsed.sampling_params(max(1, context - len(ids))), parsed.tool_request,
                 self.tool_parser)
             return await self._serve(request, ids, params, parsed, chat=True, plan=plan)
 
@@ -256,7 +256,7 @@ class Router:
         rid = str(request[REQUEST_ID])
         # Client-chosen ids may repeat; the workers get one that cannot collide.
         tag = f"{rid}-{uuid.uuid4().hex[:8]}"
-        count, ranked = parsed.best_of, parsed.best_of > parsed.n
+        count, ranked = parsed.sequences, parsed.sequences > parsed.n
         sequences = [choices.child_params(params, i, ranked) for i in range(count)]
         events = choices.merged(lambda i: self._generate(
             tag if count == 1 else f"{tag}-{i}", ids, sequences[i]), count)

@@ -21,13 +21,17 @@ grammar, structured_fields.py):
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from cleave.common.settings import TOOL_CALL_PARSERS
 from cleave.runtime.engine.sequence import RequestError, SamplingParams
 from cleave.runtime.serving import structured_fields
-from cleave.runtime.serving.json_fields import APIError, bad, read_bool
+from cleave.runtime.serving.chat_models import MAX_TOOLS as MAX_TOOLS
+from cleave.runtime.serving.chat_models import NamedChoice, Tool
+from cleave.runtime.serving.json_fields import APIError, bad
+from cleave.runtime.serving.request_types import fail
 from cleave.runtime.serving.tool_parsers import (
     HERMES,
     LLAMA3_JSON,
@@ -39,9 +43,8 @@ from cleave.runtime.serving.tool_parsers import (
 
 AUTO: Final = "auto"
 PARSER_CHOICES: Final = TOOL_CALL_PARSERS  # --tool-call-parser
-MAX_TOOLS: Final = 128  # OpenAI's limit
-_NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 JSONObject = dict[str, Any]
+ToolChoiceValue = str | NamedChoice
 
 
 @dataclass(frozen=True)
@@ -62,93 +65,38 @@ class ToolRequest:
                                                   if k != "strict"}} for t in self.tools]
 
 
-def _tool(v: object, i: int) -> JSONObject:
-    param = f"tools[{i}]"
-    fn = v.get("function") if isinstance(v, dict) else None
-    if not (isinstance(v, dict) and v.get("type") == "function" and isinstance(fn, dict)
-            and set(v) <= {"type", "function"}):
-        raise bad(param, f"'{param}' must be {{\"type\": \"function\", \"function\": {{...}}}}")
-    name = fn.get("name")
-    if not (isinstance(name, str) and 0 < len(name) <= 64 and set(name) <= _NAME_CHARS):
-        raise bad(f"{param}.function.name", f"'{param}.function.name' must be 1 to 64 "
-                  "letters, digits, underscores or dashes")
-    if not isinstance(fn.get("description", ""), str):
-        raise bad(f"{param}.function.description", "a function's 'description' must be a string")
-    params = fn.get("parameters", {"type": "object", "properties": {}})
-    if not isinstance(params, dict):
-        raise bad(f"{param}.function.parameters", "a function's 'parameters' must be a JSON "
-                  "schema (an object)")
-    if fn.get("strict") not in (None, False, True):
-        raise bad(f"{param}.function.strict", f"'{param}.function.strict' must be a boolean")
-    unknown = set(fn) - {"name", "description", "parameters", "strict"}
-    if unknown:
-        raise bad(f"{param}.function", f"unknown field '{sorted(unknown)[0]}' in a function")
-    out: JSONObject = {"name": name, "parameters": params, "strict": fn.get("strict") is True}
-    if "description" in fn:
-        out["description"] = fn["description"]
-    return {"type": "function", "function": out}
+def parse_tools(tools: Sequence[Tool], choice: ToolChoiceValue | None,
+                parallel: bool) -> ToolRequest | None:
+    """The request's validated tool fields (chat_models.py) as one request; None when it has no
+    tools (and asks for none). Raises the rules a schema cannot state, naming the field."""
+    names = [t.function.name for t in tools]
+    if len(set(names)) < len(names):
+        raise fail("'tools' names a function twice", "tools")
+    kind, name = _choice(choice, names)
+    if not tools:
+        return None  # "none" and "auto" without tools: plain text, as before
+    strict = [i for i, t in enumerate(tools) if t.function.strict]
+    if strict and kind in ("auto", "none"):
+        raise fail("'strict' functions need 'tool_choice' 'required' or a named function: with "
+                   "'auto' the model's arguments are not constrained",
+                   f"tools[{strict[0]}].function.strict")
+    return ToolRequest(tuple(t.as_json() for t in tools), kind, name, parallel)
 
 
-def _choice(v: object, names: list[str]) -> tuple[str, str | None]:
+def _choice(v: ToolChoiceValue | None, names: list[str]) -> tuple[str, str | None]:
     if v is None:
         return (AUTO, None) if names else ("none", None)
     if v in ("auto", "none"):
         return str(v), None
     if v == "required":
         if not names:
-            raise bad("tool_choice", "'tool_choice' 'required' needs 'tools'")
+            raise fail("'tool_choice' 'required' needs 'tools'", "tool_choice")
         return ("function", names[0]) if len(names) == 1 else ("required", None)
-    fn = v.get("function") if isinstance(v, dict) else None
-    name = fn.get("name") if isinstance(fn, dict) else None
-    if not (isinstance(v, dict) and v.get("type") == "function" and isinstance(name, str)):
-        raise bad("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
-                  '{"type": "function", "function": {"name": ...}}')
-    if name not in names:
-        raise bad("tool_choice", f"'tool_choice' names '{name}', which is not in 'tools'")
-    return "function", name
-
-
-def parse_tools(body: JSONObject) -> ToolRequest | None:
-    """The request's tool fields, validated; None when it has no tools (and asks for none)."""
-    tools = body.get("tools")
-    if tools is not None and not (isinstance(tools, list) and len(tools) <= MAX_TOOLS):
-        raise bad("tools", f"'tools' must be a list of at most {MAX_TOOLS} functions")
-    parsed = tuple(_tool(t, i) for i, t in enumerate(tools or []))
-    names = [t["function"]["name"] for t in parsed]
-    if len(set(names)) < len(names):
-        raise bad("tools", "'tools' names a function twice")
-    choice, name = _choice(body.get("tool_choice"), names)
-    parallel = read_bool(body, "parallel_tool_calls")
-    if not parsed:
-        return None  # "none" and "auto" without tools: plain text, as before
-    strict = [i for i, t in enumerate(parsed) if t["function"]["strict"]]
-    if strict and choice in ("auto", "none"):
-        raise bad(f"tools[{strict[0]}].function.strict", "'strict' functions need "
-                  "'tool_choice' 'required' or a named function: with 'auto' the model's "
-                  "arguments are not constrained")
-    return ToolRequest(parsed, choice, name, True if parallel is None else parallel)
-
-
-def template_tool_calls(v: object, param: str) -> tuple[JSONObject, ...]:
-    """An assistant message's ``tool_calls`` as templates take them: arguments as an object
-    (templates print them with ``tojson``), as vLLM passes them."""
-    if not isinstance(v, list):
-        raise bad(param, f"'{param}' must be a list of tool calls")
-    out = []
-    for j, call in enumerate(v):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not (isinstance(call, dict) and call.get("type", "function") == "function"
-                and isinstance(fn, dict) and isinstance(fn.get("name"), str)
-                and isinstance(fn.get("arguments"), str)):
-            raise bad(f"{param}[{j}]", f"'{param}[{j}]' must be {{\"id\": ..., \"type\": "
-                      '"function", "function": {"name": <string>, "arguments": <string>}}')
-        try:
-            args: object = json.loads(fn["arguments"])
-        except ValueError:
-            args = fn["arguments"]  # a call's text as the model wrote it, passed on as such
-        out.append({"id": str(call.get("id", "")), "type": "function",
-                    "function": {"name": fn["name"], "arguments": args}})
-    return tuple(out)
+    assert isinstance(v, NamedChoice)
+    if v.function.name not in names:
+        raise fail(f"'tool_choice' names '{v.function.name}', which is not in 'tools'",
+                   "tool_choice")
+    return "function", v.function.name
 
 
 def resolve_parser(flag: str, chat_template: object) -> str | None:

@@ -19,8 +19,7 @@ from jinja2.exceptions import TemplateError
 
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving.admission import Admission
-from cleave.runtime.serving.json_fields import read_bool
-from cleave.runtime.serving.protocol import _messages, _prompt
+from cleave.runtime.serving.vllm_models import DetokenizeRequest, TokenizePrompt, tokenize_model
 
 # The router's body reader (its bounds, its 400): every endpoint reads bodies alike.
 ReadJSON = Callable[[web.Request], Awaitable[Any]]
@@ -84,43 +83,27 @@ class VllmEndpoints:
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/version", self.version)
 
-    def _body(self, body: object) -> dict[str, Any]:
-        if not isinstance(body, dict):
-            raise api.APIError(400, "the request body must be a JSON object")
-        model = body.get("model")  # optional, as in vLLM; when given it must be served
-        if model is not None and model not in self.served:
-            raise api.APIError(404, f"The model '{model}' does not exist", param="model",
-                               code="model_not_found")
-        return body
-
     async def tokenize(self, request: web.Request) -> web.Response:
         """``{model?, prompt | messages, add_special_tokens?}`` -> ``{count, max_model_len,
         tokens}``; ``add_special_tokens`` defaults as for generation (true for a prompt, false
         for messages)."""
-        body = self._body(await self.read_json(request))
-        if ("prompt" in body) == ("messages" in body):
-            raise api.APIError(400, "give either 'prompt' or 'messages'", param="prompt")
-        special = read_bool(body, "add_special_tokens")
+        body = await self.read_json(request)
+        asked = api.validate(tokenize_model(body), body, self.served)
         with self.admission.slot():
-            if "prompt" in body:
-                ids = await self.admission.off_loop(self.prompts.text_ids,
-                                                    _prompt(body["prompt"]),
-                                                    True if special is None else special)
+            if isinstance(asked, TokenizePrompt):
+                ids = await self.admission.off_loop(self.prompts.text_ids, asked.prompt,
+                                                    asked.add_special_tokens)
             else:
-                messages = [m.template() for m in _messages(body["messages"])]
-                ids = await self.admission.off_loop(self.prompts.chat_ids, messages,
-                                                    bool(special))
+                ids = await self.admission.off_loop(
+                    self.prompts.chat_ids, [m.template() for m in asked.messages],
+                    asked.add_special_tokens)
         return web.json_response({"count": len(ids), "max_model_len": self.prompts.max_model_len,
                                   "tokens": ids, "token_strs": None})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         """``{model?, tokens}`` -> ``{prompt}``."""
-        body = self._body(await self.read_json(request))
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise api.APIError(400, "'tokens' must be a list of token ids", param="tokens")
-        ids = self.prompts.text_ids(tokens, param="tokens")  # checks the vocabulary bounds
+        asked = api.validate(DetokenizeRequest, await self.read_json(request), self.served)
+        ids = self.prompts.text_ids(asked.tokens, param="tokens")  # checks the vocabulary
         with self.admission.slot():
             text = await self.admission.off_loop(self.prompts.tokenizer.decode, ids)
         return web.json_response({"prompt": str(text)})
