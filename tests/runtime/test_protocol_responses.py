@@ -192,15 +192,19 @@ def test_openapi_document() -> None:
     assert set(doc["paths"]) == {"/v1/completions", "/v1/chat/completions", "/v1/models",
                                  "/health", "/ready", "/metrics",
                                  "/tokenize", "/detokenize", "/version"}  # the last: vLLM's
-    schema = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
+    schemas = doc["components"]["schemas"]
+    ref = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
         "application/json"]["schema"]
-    assert schema["required"] == ["model", "prompt"]
+    assert ref == {"$ref": "#/components/schemas/CompletionRequest"}
+    schema = schemas["CompletionRequest"]
+    assert schema["required"] == ["model", "prompt"] and not schema["additionalProperties"]
     assert schema["properties"]["model"]["enum"] == [MODEL]
-    assert schema["properties"]["max_tokens"]["maximum"] == api.MAX_TOKENS_LIMIT
-    chat_schema = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"][
-        "application/json"]["schema"]
-    assert chat_schema["required"] == ["model", "messages"]
-    assert "Error" in doc["components"]["schemas"]
+    assert schema["properties"]["max_tokens"]["anyOf"] == [
+        {"type": "integer", "minimum": 1, "maximum": api.MAX_TOKENS_LIMIT}, {"type": "null"}]
+    assert schemas["TokenId"] == {"type": "integer", "minimum": 0, "maximum": 99}
+    assert schemas["ChatRequest"]["required"] == ["model", "messages"]
+    assert schemas["Error"]["required"] == ["error"]
+    assert schemas["ErrorDetail"]["required"] == ["message", "type", "param", "code"]
     assert openapi_document([])["paths"]["/v1/models"]
 
 

@@ -18,8 +18,8 @@ CHAT: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content":
 
 def _schema(path: str) -> dict[str, Any]:
     doc = openapi_document([MODEL])
-    return dict(doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
-                ["schema"])
+    return {**doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+            ["schema"], "components": doc["components"]}
 
 
 @pytest.mark.parametrize("field, value", [

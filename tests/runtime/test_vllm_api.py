@@ -62,7 +62,7 @@ def _run(tokenizer: Any, test: Client) -> None:
 def _schema(doc: dict[str, Any], path: str, part: str) -> dict[str, Any]:
     op = doc["paths"][path]["post" if "post" in doc["paths"][path] else "get"]
     where = op["requestBody"] if part == "request" else op["responses"]["200"]
-    return dict(where["content"]["application/json"]["schema"])
+    return {**where["content"]["application/json"]["schema"], "components": doc["components"]}
 
 
 def test_tokenize_and_detokenize_as_vllms(tokenizer: _WithBos) -> None:

@@ -37,7 +37,9 @@ class _Reply(BaseModel):
 # -- errors ----------------------------------------------------------------------------------
 
 class ErrorDetail(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # Every field is always written (the document says so): param and code as null.
+    model_config = ConfigDict(extra="ignore", frozen=True,
+                              json_schema_serialization_defaults_required=True)
     message: str = "rejected"
     type: str = "invalid_request_error"
     param: str | None = None
