@@ -14,7 +14,7 @@ from protocol_support import CHAT, CHAT_BAD, COMPLETION_BAD, MODEL, SERVED, chat
 from cleave.runtime.engine.sequence import FinishReason, TokenLogprob
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving import responses
-from cleave.runtime.serving.openapi import openapi_document
+from cleave.runtime.serving.openapi import openapi_document, openapi_json
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")  # the transport openai 3.x is built on
@@ -206,6 +206,14 @@ def test_openapi_document() -> None:
     assert schemas["Error"]["required"] == ["error"]
     assert schemas["ErrorDetail"]["required"] == ["message", "type", "param", "code"]
     assert openapi_document([])["paths"]["/v1/models"]
+
+
+def test_the_served_openapi_document_is_built_once() -> None:
+    """/openapi.json needs no key, and building the document costs ~60 ms of the router's event
+    loop: a client looping on it must not be able to stall every stream."""
+    served = openapi_json((MODEL,))
+    assert openapi_json((MODEL,)) is served
+    assert json.loads(served) == json.loads(json.dumps(openapi_document([MODEL])))
 
 
 def _request_schema(path: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 from aiohttp import web
@@ -84,7 +85,7 @@ async def test_silent_workers_share_one_deadline(router_url: Serve) -> None:
     with pytest.raises(openai.APIStatusError) as failed:
         await client.completions.create(model="tiny", prompt="hi", max_tokens=4)
     took = time.monotonic() - start
-    assert TIMEOUT - 0.1 < took < TIMEOUT + 1.0, took
+    assert TIMEOUT - 0.1 < took < TIMEOUT + 2.0, took  # without the deadline: 6 s and 9 s
     assert failed.value.status_code == 504
     assert failed.value.code == "request_timeout"  # type: ignore[attr-defined]
 
@@ -99,5 +100,12 @@ async def test_a_slow_stream_ends_at_the_deadline(router_url: Serve) -> None:
         async for _ in stream:
             pass
     took = time.monotonic() - start
-    assert TIMEOUT - 0.1 < took < TIMEOUT + 1.0, took
+    assert TIMEOUT - 0.1 < took < TIMEOUT + 2.0, took  # without the deadline: 6 s and 9 s
     assert "limit" in str(failed.value)
+    # The request's time ran out, not the worker's: it streamed all along, so it stays in
+    # rotation (marked down, it would turn away every request for its cooldown).
+    root = str(stream.response.url).split("/v1/")[0]
+    async with aiohttp.ClientSession() as session, \
+            session.get(root + "/internal/workers") as r:
+        workers = (await r.json())["decode"]
+    assert len(workers) == WORKERS and all(w["healthy"] for w in workers), workers

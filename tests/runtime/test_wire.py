@@ -3,6 +3,8 @@ thing, strictly; unknown and mistyped fields are refused naming them; one error 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -10,6 +12,7 @@ from cleave.runtime.engine.outputs import RequestOutput
 from cleave.runtime.engine.sequence import FinishReason, SamplingParams, TokenLogprob
 from cleave.runtime.serving import wire
 from cleave.runtime.serving.json_fields import APIError
+from cleave.runtime.serving.upstream import _encode
 from cleave.runtime.serving.worker import _line
 
 
@@ -22,6 +25,20 @@ def test_a_generate_request_round_trips_with_the_engine_s_own_parameters() -> No
     got = wire.GenerateRequest.model_validate_json(sent.model_dump_json())
     assert got == sent and isinstance(got.sampling, SamplingParams)
     assert got.sampling.logit_bias == ((5, -1.5),)  # tuples again, as the engine hashes them
+
+
+def test_the_router_leaves_defaults_out_so_the_previous_release_reads_it() -> None:
+    """A rolling upgrade runs a new router against old workers for minutes: a request that uses
+    nothing new must carry nothing new (an old worker refuses unknown fields, ``cache_salt``
+    among them), and what it carries still decodes to the same request."""
+    plain = wire.GenerateRequest(prompt_token_ids=[1, 2], sampling=SamplingParams(max_tokens=3))
+    assert json.loads(_encode(plain)) == {"prompt_token_ids": [1, 2],
+                                          "sampling": {"max_tokens": 3}}
+    salted = wire.GenerateRequest(prompt_token_ids=[1], first_token=4,
+                                  sampling=SamplingParams(max_tokens=3, cache_salt="t"))
+    assert json.loads(_encode(salted))["sampling"]["cache_salt"] == "t"  # refused by name
+    for sent in (plain, salted):
+        assert wire.GenerateRequest.model_validate_json(_encode(sent)) == sent
 
 
 @pytest.mark.parametrize(("body", "named"), [

@@ -40,7 +40,7 @@ from cleave.runtime.serving.deadline import Deadline
 from cleave.runtime.serving.dispatch import decode_stream
 from cleave.runtime.serving.fleet import Fleet
 from cleave.runtime.serving.internal_auth import bearer
-from cleave.runtime.serving.openapi import openapi_document
+from cleave.runtime.serving.openapi import openapi_json
 from cleave.runtime.serving.prompt_cache import PromptCache
 from cleave.runtime.serving.protocol import BODY_READ_SECONDS
 from cleave.runtime.serving.routing import (
@@ -212,7 +212,8 @@ class Router:
                                   "decode": self.fleet.decode.describe(), "held": self.fleet.held})
 
     async def openapi(self, _: web.Request) -> web.Response:
-        return web.json_response(openapi_document([self.config.model]))
+        return web.Response(body=openapi_json((self.config.model,)),
+                            content_type="application/json")
 
     # -- generation ----------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:

@@ -203,7 +203,8 @@ class WorkerPool:
                     status = r.status
                 reply = PrefillReply.model_validate_json(body) if status == 200 else None
             except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
-                self.mark_down(url)
+                if not (isinstance(e, TimeoutError) and _budget_spent(start, timeout)):
+                    self.mark_down(url)
                 raise WorkerUnavailable(f"prefill worker {url}: {type(e).__name__}") from None
         if 400 <= status < 500:
             raise WorkerRejected(error_message(body))
@@ -220,6 +221,7 @@ class WorkerPool:
         ``idle_timeout`` bounds the gap between lines: a worker that dies mid-stream is
         noticed within it, and the caller is never left waiting.
         """
+        start = time.monotonic()
         with self.track(url):
             try:
                 async with self.session.post(
@@ -238,7 +240,8 @@ class WorkerPool:
                         if line.finished:
                             return
             except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
-                self.mark_down(url)
+                if not (isinstance(e, TimeoutError) and _budget_spent(start, timeout)):
+                    self.mark_down(url)
                 raise WorkerUnavailable(f"decode worker {url}: {type(e).__name__}") from None
             self.mark_down(url)
             raise WorkerUnavailable(f"decode worker {url} ended the stream early")
@@ -248,4 +251,13 @@ _JSON = {"Content-Type": "application/json"}
 
 
 def _encode(message: PrefillRequest) -> bytes:
-    return message.model_dump_json().encode()
+    """Fields at their defaults are left out: a worker of the previous release (a rolling
+    upgrade rolls the routers first) then reads every request that uses nothing new, and one
+    that does (a ``cache_salt``) is refused by name, never served without it."""
+    return message.model_dump_json(exclude_defaults=True).encode()
+
+
+def _budget_spent(start: float, timeout: float) -> bool:
+    """Whether a timed-out call used up the time it was given: the request's deadline ran
+    out (deadline.py), which says nothing of the worker, so it is not marked down."""
+    return time.monotonic() - start >= timeout - 0.01
