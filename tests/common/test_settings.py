@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from cleave.common.quantity import format_bytes, parse_bytes
 from cleave.common.settings import (
     EngineSettings,
+    HttpSettings,
     RedisSettings,
     RouterSettings,
     RoutingSettings,
@@ -64,7 +65,8 @@ WORKER = WorkerSettings(
                         store_timeout=0.5),
     engine=EngineSettings(model="/models/x", revision="v2", dtype="bfloat16", device="cuda",
                           kv_cache_memory=256 << 20, max_num_seqs=3, max_batched_tokens=99,
-                          max_model_len=1024, threads=2, tensor_parallel_size=2))
+                          max_model_len=1024, threads=2, tensor_parallel_size=2),
+    http=HttpSettings(header_read_timeout=7.5))
 ROUTER = RouterSettings(
     model="m", revision="abc", served_model_name="-chat", prefill=("dns+http://p:8100",),
     decode=("http://a:1", "http://b:2"), workers_file="/w.json", host="0.0.0.0", port=8080,
@@ -72,7 +74,8 @@ ROUTER = RouterSettings(
                                           redis_tls_ca_file="/ca", redis_tls_server_name="n"),
     routing=RoutingSettings(disaggregate_min_tokens=0, kv_load_failure_policy="fail",
                             request_timeout=9.0, max_concurrent_requests=7, hold_timeout=0.0,
-                            api_key_file="/key", ttft_target=0.5))
+                            api_key_file="/key", ttft_target=0.5),
+    http=HttpSettings(header_read_timeout=3.0))
 
 
 @pytest.mark.parametrize("settings", [WORKER, WorkerSettings(), ROUTER, RouterSettings(),

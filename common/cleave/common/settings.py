@@ -109,6 +109,20 @@ class StoreSettings(Settings):
 
 
 @dataclass(frozen=True)
+class HttpSettings(Settings):
+    """The bounds of Cleave's HTTP servers, the router's and the workers' alike
+    (cleave/runtime/serving/http_server.py applies them)."""
+
+    TITLE = "HTTP server"
+    # 20 s: above the 15 s an aiohttp client (the router's pool) keeps an idle connection, so a
+    # worker never closes one the router is about to reuse; far above what a real client needs.
+    header_read_timeout: float = setting(
+        20.0, "seconds a connection has to send a request line and headers, counted from its "
+        "opening or its previous response (so also the longest idle keep-alive); then it is "
+        "closed (a slowloris client cannot hold it)", parse=float, metavar="SECONDS")
+
+
+@dataclass(frozen=True)
 class WorkerSettings(Settings):
     """``cleave worker``: one engine behind the internal HTTP API the router calls."""
 
@@ -126,6 +140,7 @@ class WorkerSettings(Settings):
         "503 and the router tries another worker", parse=int)
     store: StoreSettings = group(StoreSettings)
     engine: EngineSettings = group(EngineSettings)
+    http: HttpSettings = group(HttpSettings)
 
 
 @dataclass(frozen=True)
@@ -191,3 +206,4 @@ class RouterSettings(Settings):
     redis: RedisSettings = group(RedisSettings)
     internal_token_file: str | None = setting(None, INTERNAL_TOKEN_HELP, metavar="FILE")
     routing: RoutingSettings = group(RoutingSettings)
+    http: HttpSettings = group(HttpSettings)

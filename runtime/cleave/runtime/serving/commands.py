@@ -16,8 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-
 from cleave.common.settings import (
     API_KEY_ENV,
     INTERNAL_TOKEN_ENV,
@@ -28,6 +26,7 @@ from cleave.common.settings import (
 )
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.gc_tuning import freeze_loaded_objects
+from cleave.runtime.serving import http_server
 
 if TYPE_CHECKING:
     from cleave.kv_store.redis_config import RedisStoreConfig
@@ -137,7 +136,7 @@ def _serve_worker(settings: WorkerSettings, config: EngineConfig,
         worker = Worker(engine, settings.role, connector, token, settings.max_open_requests,
                         model_name=settings.served_model_name)
         return await serve(worker, settings.host,
-                           settings.port, settings.grace_period)
+                           settings.port, settings.grace_period, settings.http)
 
     return asyncio.run(main())
 
@@ -214,6 +213,5 @@ def _serve_router(s: RouterSettings) -> int:
     logging.info("router listening on http://%s:%d", s.host, s.port)
     # handler_cancellation: a client that disconnects cancels its handler, which closes the
     # upstream request, which aborts it on the worker and frees its KV (streamed or not).
-    web.run_app(router.app(), host=s.host, port=s.port, print=None, access_log=None,
-                handler_cancellation=True)
+    http_server.run(router.app(), s.host, s.port, s.http, handler_cancellation=True)
     return 0

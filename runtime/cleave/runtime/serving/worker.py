@@ -35,11 +35,13 @@ from typing import TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from cleave.common.settings import HttpSettings
 from cleave.runtime import engine_metrics, metrics
 from cleave.runtime.engine.async_engine import AsyncEngine, EngineDeadError, last_output
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
 from cleave.runtime.engine.sequence import RequestError, SamplingParams
 from cleave.runtime.kv_connector import KVBlocksMissing, KVStoreConnector
+from cleave.runtime.serving import http_server
 from cleave.runtime.serving.internal_auth import require_token
 from cleave.runtime.serving.protocol import BODY_READ_SECONDS
 from cleave.runtime.serving.wire import (
@@ -324,13 +326,11 @@ def _line(out: RequestOutput) -> bytes:
                                 ).encode() + b"\n"
 
 
-async def serve(worker: Worker, host: str, port: int, grace_seconds: float) -> int:
+async def serve(worker: Worker, host: str, port: int, grace_seconds: float,
+                http: HttpSettings) -> int:
     """Serve until SIGTERM/SIGINT, then drain within ``grace_seconds`` and stop; returns the
     process exit code (1: the engine died, and the worker must be restarted)."""
-    runner = web.AppRunner(worker.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    runner = await http_server.start(worker.app(), host, port, http)
     log.info("%s worker listening on http://%s:%d", worker.role, host, port)
     problem = await worker.store_problem()
     if problem is not None:  # said once up front: a wrong password is not a per-request surprise

@@ -1,0 +1,58 @@
+"""Cleave's HTTP servers, the router's and the workers', started one way under one bound.
+
+The bound is a header read deadline (``--header-read-timeout``): a connection whose request
+line and headers are not complete within that many seconds of its opening, or of its previous
+response on a keep-alive connection, is closed. Without it a client that trickles its headers a
+byte at a time (slowloris) holds the connection, and a file descriptor, for as long as it likes;
+enough such clients exhaust the server's descriptors and nobody else gets in.
+
+aiohttp (pinned to 3.14.*) has no setting by that name, but its ``keepalive_timeout`` is one
+(aiohttp/web_protocol.py, ``RequestHandler``): its timer is armed when a connection opens
+(``connection_made``: "there's no other protection against a dead connection that doesn't send
+a request at all") and again after each response, arriving bytes do not push it back, and when
+it fires while the connection still waits for a complete request (``_process_keepalive``:
+"handler in idle state") the connection is force-closed. Once a request's headers are in, its
+handler runs and the timer does nothing: a slow body stays ``BODY_READ_SECONDS``' business (a
+408), a long streamed answer runs to its end. So this module only has to set it, everywhere,
+from the one setting; without it the router had ``web.run_app``'s 75 s and the workers
+``RequestHandler``'s 3630 s. tests/reliability/test_attack_slowloris.py holds aiohttp to this
+behaviour against real router and worker processes, so an upgrade that changes it fails there.
+
+The same timer is the longest an idle keep-alive connection lives: a proxy in front that pools
+connections must drop idle ones sooner (docs/operations.md, Security model).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from cleave.common.settings import HttpSettings
+
+
+def handler_options(http: HttpSettings) -> dict[str, Any]:
+    """The aiohttp request-handler options that carry ``http``'s bounds (``web.run_app`` and
+    ``web.AppRunner`` both pass them to every connection's ``RequestHandler``)."""
+    seconds = http.header_read_timeout
+    if not seconds > 0:  # 0 would disarm aiohttp's timer: no bound at all (and NaN fails too)
+        raise ValueError(f"--header-read-timeout must be > 0 (got {seconds:g})")
+    return {"keepalive_timeout": seconds}
+
+
+def run(app: web.Application, host: str, port: int, http: HttpSettings,
+        **options: Any) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT (``web.run_app``, quiet: no banner, no access log),
+    under ``http``'s bounds; ``options`` go to ``web.run_app`` too."""
+    web.run_app(app, host=host, port=port, print=None, access_log=None,
+                **handler_options(http), **options)
+
+
+async def start(app: web.Application, host: str, port: int,
+                http: HttpSettings) -> web.AppRunner:
+    """Start serving ``app`` under ``http``'s bounds (no access log); the caller stops it with
+    the returned runner's ``cleanup()``."""
+    runner = web.AppRunner(app, access_log=None, **handler_options(http))
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

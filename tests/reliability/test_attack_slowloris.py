@@ -1,0 +1,102 @@
+"""Attack: slowloris (issue 15, item 4), against a real router and a real worker process.
+
+A client opens a connection and trickles its request headers a byte at a time, never finishing
+them: each such client holds a connection and a file descriptor, and enough of them exhaust the
+server's. Before: the router (``web.run_app``'s keep-alive default) held one 75 s, a worker
+(``web.AppRunner``'s) 3630 s. Now both close it ``--header-read-timeout`` seconds after it
+opened (serving/http_server.py). The figure gives how long each held the attacker, and a
+normal keep-alive client's requests on one connection across several deadlines.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from figures import report
+from serving_stack import Proc, start_stack
+
+DEADLINE = 1.5  # --header-read-timeout, router and worker
+SLACK = 5.0  # a loaded 2-core box; the broken behaviour holds 75 s (router) or 3630 s (worker)
+TRICKLE = 0.5  # seconds between header bytes
+HEADERS = b"GET /health HTTP/1.1\r\nHost: x\r\n"
+
+
+def _address(p: Proc) -> tuple[str, int]:
+    host, port = p.url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def slowloris(p: Proc) -> float:
+    """Seconds the server held a connection whose headers never end (stops trying at
+    DEADLINE + SLACK)."""
+    with socket.create_connection(_address(p), timeout=TRICKLE) as s:
+        start = time.monotonic()
+        s.sendall(HEADERS + b"X-Slow: ")
+        while time.monotonic() - start < DEADLINE + SLACK:
+            try:
+                if s.recv(4096) == b"":
+                    break  # closed by the server
+                raise AssertionError("the server answered headers that never ended")
+            except TimeoutError:
+                pass  # still open: one more byte
+            except ConnectionError:
+                break
+            try:
+                s.sendall(b"a")
+            except ConnectionError:
+                break
+        return time.monotonic() - start
+
+
+def _response(s: socket.socket) -> bytes:
+    """One whole response (``Content-Length`` framed, as /health answers)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        assert chunk, "the server closed a keep-alive connection between requests"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += s.recv(4096)
+    return head.split(b"\r\n", 1)[0]
+
+
+def keep_alive(p: Proc, requests: int) -> list[bytes]:
+    """Status lines of ``requests`` requests in a row on one connection, each sent most of a
+    deadline after the previous answer: the deadline restarts at every response."""
+    statuses = []
+    with socket.create_connection(_address(p), timeout=30) as s:
+        for i in range(requests):
+            if i:
+                time.sleep(DEADLINE * 0.6)
+            s.sendall(HEADERS + b"\r\n")
+            statuses.append(_response(s))
+    return statuses
+
+
+def test_slowloris_is_closed_at_the_header_deadline(tiny_model_dir: Path,
+                                                    tmp_path: Path) -> None:
+    flag = ("--header-read-timeout", str(DEADLINE))
+    stack = start_stack(tiny_model_dir, tmp_path, prefill=0, decode=1, router_args=flag,
+                        worker_args=flag)
+    try:
+        targets = {"router": stack.router, "worker": stack.workers[0]}
+        with ThreadPoolExecutor(4) as pool:
+            held = {name: pool.submit(slowloris, p) for name, p in targets.items() if p}
+            served = {name: pool.submit(keep_alive, p, 5) for name, p in targets.items() if p}
+            held_s = {name: round(f.result(), 2) for name, f in held.items()}
+            statuses = {name: f.result() for name, f in served.items()}
+        report("attack_slowloris", header_read_timeout_s=DEADLINE, held_s=held_s,
+               held_s_before={"router": 75, "worker": 3630},
+               keep_alive_requests={k: len(v) for k, v in statuses.items()})
+        for name, seconds in held_s.items():
+            assert DEADLINE - 0.5 < seconds < DEADLINE + SLACK, (name, seconds)
+        for name, lines in statuses.items():
+            assert lines == [b"HTTP/1.1 200 OK"] * 5, (name, lines)
+    finally:
+        stack.stop()

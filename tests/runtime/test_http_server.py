@@ -1,0 +1,63 @@
+"""serving/http_server.py: the header read deadline leaves slow bodies to their own bound.
+
+The slowloris attack itself, on real router and worker processes, is
+tests/reliability/test_attack_slowloris.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from redis_servers import free_port
+from transformers import AutoTokenizer
+
+from cleave.common.settings import HttpSettings
+from cleave.runtime.serving import http_server
+from cleave.runtime.serving.router import Router, RouterConfig
+
+DEADLINE = 1.0  # header read deadline
+BODY_SECONDS = 3.0  # the router's body read bound, longer than the header deadline
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan")])
+def test_a_deadline_that_bounds_nothing_is_refused(seconds: float) -> None:
+    with pytest.raises(ValueError, match="--header-read-timeout"):
+        http_server.handler_options(HttpSettings(header_read_timeout=seconds))
+
+
+def test_a_slow_body_still_gets_its_408_after_the_header_deadline(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headers complete in time, then a body trickled in: the header deadline passes and
+    the connection stays open until the body bound answers 408."""
+    from cleave.runtime.serving import router as router_module
+
+    monkeypatch.setattr(router_module, "BODY_READ_SECONDS", BODY_SECONDS)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    router = Router(RouterConfig(model="tiny", decode_urls=("http://127.0.0.1:9",)),
+                    tokenizer, 512, 512)
+
+    async def run() -> tuple[bytes, float]:
+        port = free_port()
+        runner = await http_server.start(router.app(), "127.0.0.1", port,
+                                         HttpSettings(header_read_timeout=DEADLINE))
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            start = time.monotonic()
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+            status = asyncio.ensure_future(reader.readline())
+            while not status.done() and time.monotonic() - start < BODY_SECONDS + 10:
+                writer.write(b" ")  # whitespace: still valid JSON so far
+                await asyncio.sleep(0.5)
+            line = await asyncio.wait_for(status, 1)
+            writer.close()
+            return line, time.monotonic() - start
+        finally:
+            await runner.cleanup()
+
+    line, seconds = asyncio.run(run())
+    assert line.split()[1:2] == [b"408"], line
+    assert seconds > DEADLINE + 0.5, seconds  # it outlived the header deadline
