@@ -5,7 +5,9 @@ them: each such client holds a connection and a file descriptor, and enough of t
 server's. Before: the router (``web.run_app``'s keep-alive default) held one 75 s, a worker
 (``web.AppRunner``'s) 3630 s. Now both close it ``--header-read-timeout`` seconds after it
 opened (serving/http_server.py). The figure gives how long each held the attacker, and a
-normal keep-alive client's requests on one connection across several deadlines.
+normal keep-alive client's requests on one connection across several deadlines. The metrics
+servers of ``cleave up --autoscale`` and the operator (common/metrics_server.py; before,
+prometheus_client's, which held one for ever) get the same bound.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from figures import report
 from serving_stack import Proc, start_stack
 
+from cleave.common.metrics_server import start_metrics_server
+
 DEADLINE = 1.5  # --header-read-timeout, router and worker
 SLACK = 5.0  # a loaded 2-core box; the broken behaviour holds 75 s (router) or 3630 s (worker)
 TRICKLE = 0.5  # seconds between header bytes
@@ -29,10 +33,10 @@ def _address(p: Proc) -> tuple[str, int]:
     return host, int(port)
 
 
-def slowloris(p: Proc) -> float:
+def slowloris(address: tuple[str, int]) -> float:
     """Seconds the server held a connection whose headers never end (stops trying at
     DEADLINE + SLACK)."""
-    with socket.create_connection(_address(p), timeout=TRICKLE) as s:
+    with socket.create_connection(address, timeout=TRICKLE) as s:
         start = time.monotonic()
         s.sendall(HEADERS + b"X-Slow: ")
         while time.monotonic() - start < DEADLINE + SLACK:
@@ -87,7 +91,7 @@ def test_slowloris_is_closed_at_the_header_deadline(tiny_model_dir: Path,
     try:
         targets = {"router": stack.router, "worker": stack.workers[0]}
         with ThreadPoolExecutor(4) as pool:
-            held = {name: pool.submit(slowloris, p) for name, p in targets.items() if p}
+            held = {name: pool.submit(slowloris, _address(p)) for name, p in targets.items() if p}
             served = {name: pool.submit(keep_alive, p, 5) for name, p in targets.items() if p}
             held_s = {name: round(f.result(), 2) for name, f in held.items()}
             statuses = {name: f.result() for name, f in served.items()}
@@ -100,3 +104,23 @@ def test_slowloris_is_closed_at_the_header_deadline(tiny_model_dir: Path,
             assert lines == [b"HTTP/1.1 200 OK"] * 5, (name, lines)
     finally:
         stack.stop()
+
+
+def test_the_metrics_server_closes_slowloris_at_the_header_deadline() -> None:
+    httpd, _ = start_metrics_server(0, "127.0.0.1", header_read_timeout=DEADLINE)
+    try:
+        address = ("127.0.0.1", httpd.server_port)
+        held_s = round(slowloris(address), 2)
+        with socket.create_connection(address, timeout=30) as s:  # a scrape still works
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        report("attack_slowloris_metrics", header_read_timeout_s=DEADLINE, held_s=held_s,
+               held_s_before="unbounded (prometheus_client.start_http_server)")
+        assert DEADLINE - 0.5 < held_s < DEADLINE + SLACK, held_s
+        assert answer.startswith(b"HTTP/1.0 200 OK"), answer[:100]
+        assert b"python_info" in answer or b"process_" in answer, answer[:300]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

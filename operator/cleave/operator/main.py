@@ -66,9 +66,9 @@ def run_operator(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s operator %(levelname)s %(message)s")
     _load_kube_config()
     if metrics_port:
-        from prometheus_client import start_http_server
+        from cleave.common.metrics_server import start_metrics_server
 
-        start_http_server(metrics_port)
+        start_metrics_server(metrics_port)
         logging.getLogger("cleave.operator").info(
             "operator metrics on http://0.0.0.0:%d/metrics", metrics_port)
     options: dict[str, Any] = {"standalone": args.standalone,

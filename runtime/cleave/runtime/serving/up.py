@@ -23,8 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import start_http_server
-
+from cleave.common.metrics_server import start_metrics_server
 from cleave.common.settings import (
     INTERNAL_TOKEN_ENV,
     EngineSettings,
@@ -186,7 +185,7 @@ def run_up(args: argparse.Namespace) -> int:
             sup.say(describe_settings(autoscale))
             assert tmp is not None
             status_path = tmp / "autoscaler-status.json"
-            metrics_server, _ = start_http_server(autoscale.metrics_port, addr=args.host)
+            metrics_server, _ = start_metrics_server(autoscale.metrics_port, addr=args.host)
             sup.say(f"autoscaler metrics on http://{args.host}:{metrics_server.server_port}"
                     f"/metrics; its last decisions in {status_path}")
             autoscaler = LocalAutoscaler(
