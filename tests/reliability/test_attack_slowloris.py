@@ -12,6 +12,7 @@ prometheus_client's, which held one for ever) get the same bound.
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from figures import report
 from serving_stack import Proc, start_stack
+from up_stack import running_up
 
 from cleave.common.metrics_server import start_metrics_server
 
@@ -124,3 +126,24 @@ def test_the_metrics_server_closes_slowloris_at_the_header_deadline() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_cleave_up_passes_the_deadline_to_every_server(tiny_model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """``cleave up --header-read-timeout``: the router, the worker and the autoscaler's
+    metrics server it starts all close a slowloris connection at that deadline."""
+    with running_up(tiny_model_dir, tmp_path, prefill=0, decode=1,
+                    extra_args=("--header-read-timeout", str(DEADLINE),
+                                "--autoscale", "--advisory")) as up:
+        metrics = re.search(r"autoscaler metrics on http://([\d.]+):(\d+)/metrics",
+                            up.log_text())
+        assert metrics is not None, up.log_text()[-2000:]
+        targets = {"router": ("127.0.0.1", up.port),
+                   "worker": ("127.0.0.1", up.workers()[0].port),
+                   "metrics": (metrics[1], int(metrics[2]))}
+        with ThreadPoolExecutor(3) as pool:
+            held = {name: pool.submit(slowloris, a) for name, a in targets.items()}
+            held_s = {name: round(f.result(), 2) for name, f in held.items()}
+    report("attack_slowloris_up", header_read_timeout_s=DEADLINE, held_s=held_s)
+    for name, seconds in held_s.items():
+        assert DEADLINE - 0.5 < seconds < DEADLINE + SLACK, (name, seconds)

@@ -28,6 +28,28 @@ def test_a_deadline_that_bounds_nothing_is_refused(seconds: float) -> None:
         http_server.handler_options(HttpSettings(header_read_timeout=seconds))
 
 
+@pytest.mark.parametrize("command", ["router", "worker", "up"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "soon"])
+def test_the_flag_refuses_a_deadline_that_bounds_nothing(
+        command: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from cleave.common.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser(load=[command]).parse_args([command, "--header-read-timeout", value])
+    assert exit_.value.code == 2
+    assert "--header-read-timeout" in capsys.readouterr().err
+
+
+def test_the_flag_reaches_both_servers() -> None:
+    from cleave.common.cli import build_parser
+    from cleave.common.settings import RouterSettings, WorkerSettings
+
+    for command, cls in (("router", RouterSettings), ("worker", WorkerSettings)):
+        args = build_parser(load=[command]).parse_args([command, "--header-read-timeout", "2.5"])
+        assert cls.from_args(args).http.header_read_timeout == 2.5
+        assert cls().http.header_read_timeout == 20.0
+
+
 def test_a_slow_body_still_gets_its_408_after_the_header_deadline(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Headers complete in time, then a body trickled in: the header deadline passes and

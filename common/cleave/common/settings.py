@@ -108,6 +108,14 @@ class StoreSettings(Settings):
                                    metavar="SECONDS")
 
 
+def positive_seconds(text: str) -> float:
+    """A duration that bounds something: 0, negative or NaN would bound nothing."""
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 @dataclass(frozen=True)
 class HttpSettings(Settings):
     """The bounds of Cleave's HTTP servers, the router's and the workers' alike
@@ -119,7 +127,8 @@ class HttpSettings(Settings):
     header_read_timeout: float = setting(
         20.0, "seconds a connection has to send a request line and headers, counted from its "
         "opening or its previous response (so also the longest idle keep-alive); then it is "
-        "closed (a slowloris client cannot hold it)", parse=float, metavar="SECONDS")
+        "closed (a slowloris client cannot hold it)", parse=positive_seconds,
+        metavar="SECONDS")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from cleave.common.metrics_server import start_metrics_server
 from cleave.common.settings import (
     INTERNAL_TOKEN_ENV,
     EngineSettings,
+    HttpSettings,
     RedisSettings,
     RouterSettings,
     RoutingSettings,
@@ -65,6 +66,7 @@ def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--port", type=int, default=8000, help="the router's port")
     RedisSettings.add_arguments(p)  # without --redis-url: a private redis-server
     RoutingSettings.add_arguments(p)
+    HttpSettings.add_arguments(p)  # the router's, the workers' and the metrics server's
     p.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="how long each process may take to answer /ready (default 600)")
     add_autoscale_arguments(p)
@@ -101,7 +103,7 @@ def _router_command(args: argparse.Namespace, store: RedisSettings, sup: Supervi
     settings = RouterSettings(model=args.model, revision=args.revision, host=args.host,
                               port=args.port, redis=store,
                               max_model_len=args.max_model_len,
-                              routing=routing)
+                              routing=routing, http=HttpSettings.from_args(args))
     if autoscale is not None:
         assert sup.workers_file is not None
         settings = replace(settings, workers_file=str(sup.workers_file),
@@ -148,7 +150,8 @@ def run_up(args: argparse.Namespace) -> int:
     env[INTERNAL_TOKEN_ENV] = env.get(INTERNAL_TOKEN_ENV) or secrets.token_urlsafe(32)
     tmp = Path(tempfile.mkdtemp(prefix="cleave-up-")) if autoscale else None
     worker = WorkerSettings(store=StoreSettings(redis=store),
-                            engine=EngineSettings.from_args(args))
+                            engine=EngineSettings.from_args(args),
+                            http=HttpSettings.from_args(args))
     gpus = gpus_for_workers(worker.engine.device, env,
                             ranks=worker.engine.tensor_parallel_size)
     if gpus:
@@ -185,7 +188,8 @@ def run_up(args: argparse.Namespace) -> int:
             sup.say(describe_settings(autoscale))
             assert tmp is not None
             status_path = tmp / "autoscaler-status.json"
-            metrics_server, _ = start_metrics_server(autoscale.metrics_port, addr=args.host)
+            metrics_server, _ = start_metrics_server(
+                autoscale.metrics_port, args.host, worker.http.header_read_timeout)
             sup.say(f"autoscaler metrics on http://{args.host}:{metrics_server.server_port}"
                     f"/metrics; its last decisions in {status_path}")
             autoscaler = LocalAutoscaler(
