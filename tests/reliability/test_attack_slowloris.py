@@ -6,7 +6,7 @@ server's. Before: the router (``web.run_app``'s keep-alive default) held one 75 
 (``web.AppRunner``'s) 3630 s. Now both close it ``--header-read-timeout`` seconds after it
 opened (serving/http_server.py). The figure gives how long each held the attacker, and a
 normal keep-alive client's requests on one connection across several deadlines. The metrics
-servers of ``cleave up --autoscale`` and the operator (common/metrics_server.py; before,
+servers of ``cleave up --autoscale`` and the operator (autoscaling/metrics_server.py; before,
 prometheus_client's, which held one for ever) get the same bound.
 """
 
@@ -22,7 +22,7 @@ from figures import report
 from serving_stack import Proc, start_stack
 from up_stack import running_up
 
-from cleave.common.metrics_server import start_metrics_server
+from cleave.autoscaling.metrics_server import start_metrics_server
 
 DEADLINE = 1.5  # --header-read-timeout, router and worker
 SLACK = 5.0  # a loaded 2-core box; the broken behaviour holds 75 s (router) or 3630 s (worker)

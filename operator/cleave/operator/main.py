@@ -66,7 +66,7 @@ def run_operator(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s operator %(levelname)s %(message)s")
     _load_kube_config()
     if metrics_port:
-        from cleave.common.metrics_server import start_metrics_server
+        from cleave.autoscaling.metrics_server import start_metrics_server
 
         start_metrics_server(metrics_port)
         logging.getLogger("cleave.operator").info(

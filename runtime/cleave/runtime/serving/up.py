@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
-from cleave.common.metrics_server import start_metrics_server
+from cleave.autoscaling.metrics_server import start_metrics_server
 from cleave.common.settings import (
     INTERNAL_TOKEN_ENV,
     EngineSettings,

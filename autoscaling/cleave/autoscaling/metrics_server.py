@@ -1,4 +1,5 @@
-"""A Prometheus ``/metrics`` server with a header read deadline.
+"""A Prometheus ``/metrics`` server with a header read deadline (the operator's metrics, and
+``cleave up --autoscale``'s).
 
 ``prometheus_client.start_http_server`` (a thread per connection, wsgiref) reads a request's
 line and headers with no time limit: a client that trickles them a byte at a time (slowloris)
