@@ -174,6 +174,9 @@ def test_cpu_example_is_cpu_only() -> None:
     assert "smollm2" in spec["model"]["source"]
     assert "managed" in spec["kvStore"]
     assert "nvidia.com/gpu" not in yaml.safe_dump(obj)
+    # Any CPU: a pinned bfloat16 is refused by every worker on CPUs without AMX/AVX512-BF16
+    # (AVX2-only machines, this project's CI among them), and the pods crash-loop.
+    assert spec["model"].get("dtype", "auto") == "auto"
 
 
 # --- defaults -----------------------------------------------------------------------------
