@@ -40,6 +40,22 @@ def test_models_lists_every_name_in_order_each_with_its_context_length(
         assert (m.model_extra or {})["root"] == listed[0].model_extra["root"]  # type: ignore[index]
 
 
+def test_the_openapi_document_allows_every_name(stack: Stack) -> None:
+    assert stack.router is not None
+    doc = json.loads(urllib.request.urlopen(stack.router.url + "/openapi.json").read())
+    enums = {tuple(n["enum"]) for n in _nodes(doc) if "enum" in n and FIRST in n["enum"]}
+    assert enums == {NAMES}  # every request body's model, and nothing but the served names
+
+
+def _nodes(node: object) -> Iterator[dict[str, object]]:
+    if isinstance(node, dict):
+        yield node
+        node = list(node.values())
+    if isinstance(node, list):
+        for item in node:
+            yield from _nodes(item)
+
+
 @pytest.mark.parametrize("asked", NAMES)
 def test_either_name_is_served_and_the_response_carries_the_first(
         client: openai.OpenAI, asked: str) -> None:
