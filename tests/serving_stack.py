@@ -85,11 +85,11 @@ def wait_ready(p: Proc, timeout: float = 120.0) -> None:
 
 
 def start_worker(stack: Stack, role: str, logdir: Path, name: str | None = None,
-                 extra: tuple[str, ...] = ()) -> Proc:
+                 extra: tuple[str, ...] = (), served: tuple[str, ...] = (SERVED,)) -> Proc:
     port = free_port()
     p = _spawn(name or f"{role}-{len(stack.workers)}",
                ["worker", "--role", role, "--port", str(port), "--model", stack.model,
-                "--served-model-name", SERVED,
+                "--served-model-name", *served,
                 "--dtype", "float32", "--kv-cache-memory", "8MiB",
                 "--redis-url", stack.redis.unix_url, "--store-timeout", "0.5",
                 "--grace-period", "5", *extra], port, logdir)
@@ -99,19 +99,21 @@ def start_worker(stack: Stack, role: str, logdir: Path, name: str | None = None,
 
 def start_stack(model: Path, logdir: Path, prefill: int = 1, decode: int = 1,
                 router_args: tuple[str, ...] = (), dns: bool = False,
-                worker_args: tuple[str, ...] = ()) -> Stack:
+                worker_args: tuple[str, ...] = (), served: tuple[str, ...] = (SERVED,)
+                ) -> Stack:
     """``dns``: the router finds workers by resolving a name (as a headless Service);
-    ``worker_args``: more flags for every worker."""
+    ``worker_args``: more flags for every worker; ``served``: the --served-model-name names
+    of every process."""
     stack = Stack(str(model), start_server())
     try:
         for _ in range(prefill):
-            start_worker(stack, "prefill", logdir, extra=worker_args)
+            start_worker(stack, "prefill", logdir, extra=worker_args, served=served)
         for _ in range(decode):
-            start_worker(stack, "decode", logdir, extra=worker_args)
+            start_worker(stack, "decode", logdir, extra=worker_args, served=served)
         for w in stack.workers:
             wait_ready(w)
         port = free_port()
-        args = ["router", "--model", stack.model, "--served-model-name", SERVED,
+        args = ["router", "--model", stack.model, "--served-model-name", *served,
                 "--port", str(port), "--disaggregate-min-tokens", "16",
                 "--redis-url", stack.redis.unix_url, *router_args]
         for w in stack.workers:

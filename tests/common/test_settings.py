@@ -16,6 +16,7 @@ from cleave.common.settings import (
     RedisSettings,
     RouterSettings,
     RoutingSettings,
+    ServedSettings,
     StoreSettings,
     WorkerSettings,
 )
@@ -56,7 +57,8 @@ def test_format_bytes_is_the_shortest_binary_quantity() -> None:
 
 WORKER = WorkerSettings(
     role="prefill", host="0.0.0.0", port=9001, grace_period=12.5,
-    internal_token_file="/etc/token", served_model_name="chat", max_open_requests=5,
+    internal_token_file="/etc/token", served=ServedSettings(("chat",)),
+    max_open_requests=5,
     store=StoreSettings(redis=RedisSettings(
                             redis_url="rediss://cleave-worker@r:6379/0",
                             redis_password_file="/etc/pw", redis_tls_ca_file="/etc/ca.pem",
@@ -68,7 +70,8 @@ WORKER = WorkerSettings(
                           max_model_len=1024, threads=2, tensor_parallel_size=2),
     http=HttpSettings(header_read_timeout=7.5))
 ROUTER = RouterSettings(
-    model="m", revision="abc", served_model_name="-chat", prefill=("dns+http://p:8100",),
+    model="m", revision="abc", served=ServedSettings(("-chat", "chat-v2", "chat")),
+    prefill=("dns+http://p:8100",),
     decode=("http://a:1", "http://b:2"), workers_file="/w.json", host="0.0.0.0", port=8080,
     max_model_len=77, redis=RedisSettings(redis_url="rediss://r:1/0", redis_password_file="/pw",
                                           redis_tls_ca_file="/ca", redis_tls_server_name="n"),
@@ -79,7 +82,7 @@ ROUTER = RouterSettings(
 
 
 @pytest.mark.parametrize("settings", [WORKER, WorkerSettings(), ROUTER, RouterSettings(),
-                                      RouterSettings(served_model_name="")])
+                                      RouterSettings(served=ServedSettings(("",)))])
 def test_to_args_then_from_args_gives_the_same_settings(settings: object) -> None:
     assert _parse(type(settings), settings.to_args()) == settings  # type: ignore[attr-defined]
 
@@ -109,6 +112,21 @@ def test_the_real_cli_parses_what_to_args_writes() -> None:
     for command, settings in (("worker", WORKER), ("router", ROUTER)):
         args = build_parser(load=[command]).parse_args([command, *settings.to_args()])
         assert type(settings).from_args(args) == settings
+
+
+def test_several_served_names_parse_as_vllm_writes_them_and_as_to_args_writes_them() -> None:
+    """vLLM's spelling (one flag, several names) and to_args' (the flag once per name) read
+    back the same names, in order: the first is the one responses and metrics carry."""
+    from cleave.common.cli import build_parser
+
+    names = ("tiny-v2", "tiny", "-dash")
+    written = RouterSettings(served=ServedSettings(names)).to_args()
+    assert written == [f"--served-model-name={n}" for n in names]
+    for argv in (["--served-model-name", "tiny-v2", "tiny", "--port", "1"], written):
+        args = build_parser(load=["router"]).parse_args(["router", *argv])
+        assert RouterSettings.from_args(args).served.served_model_name[:2] == names[:2]
+    assert ServedSettings(names).names("m") == names
+    assert ServedSettings().names("m") == ServedSettings(("",)).names("m") == ("m",)
 
 
 def test_a_bad_quantity_flag_is_a_usage_error() -> None:

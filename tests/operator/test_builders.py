@@ -192,11 +192,28 @@ def test_router_finds_workers_through_headless_services() -> None:
     assert endpoint(parse_spec(BASE)) == "http://chat-router.ml.svc:8000/v1"
 
 
+def test_the_router_serves_the_name_then_its_aliases_and_workers_label_with_the_name() -> None:
+    """vLLM's --served-model-name NAME [NAME ...]: responses and the vllm:* metrics carry the
+    first. Workers get the name alone, so that a changed alias rolls only the router."""
+    obj = copy.deepcopy(BASE)
+    children = build(obj)
+    assert parsed(children["Deployment/chat-router"]).served.served_model_name == ("smol",)
+    obj["spec"]["model"]["aliases"] = ["smol-latest", "chat"]
+    children = build(obj)
+    router = parsed(children["Deployment/chat-router"])
+    assert router.served.names(router.model) == ("smol", "smol-latest", "chat")
+    for role in ("prefill", "decode"):
+        assert parsed(children[f"Deployment/chat-{role}"]).served.served_model_name == ("smol",)
+    assert build(BASE)["Deployment/chat-decode"] == children["Deployment/chat-decode"]
+
+
 @pytest.mark.parametrize("spec", [
     {"model": {"name": "m", "source": "s"}, "decode": {}, "kvStore": "x"},
     {"model": {"name": "m", "source": "s"}, "decode": "two"},
     {"model": {"name": "m", "source": "s"}, "decode": {"autoscaling": []}},
     {"model": ["m"], "decode": {}},
+    {"model": {"name": "m", "source": "s", "aliases": "m2"}, "decode": {}},
+    {"model": {"name": "m", "source": "s", "aliases": [""]}, "decode": {}},
 ])
 def test_wrongly_shaped_specs_are_spec_errors_not_crashes(spec: dict[str, Any]) -> None:
     with pytest.raises(SpecError):

@@ -33,6 +33,12 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "negative replicas": (
         with_spec(decode__replicas=-1),
         "spec.decode.replicas: -1 is less than the minimum of 0"),
+    "aliases not a list": (
+        with_spec(model__aliases="tiny"),
+        "spec.model.aliases: 'tiny' is not of type 'array'"),
+    "empty alias": (
+        with_spec(model__aliases=["tiny", ""]),
+        "spec.model.aliases[1]: '' should be non-empty"),
     "bad dtype": (
         with_spec(model__dtype="int4"),
         "spec.model.dtype: 'int4' is not one of ['auto', 'bfloat16', 'float32', 'float16']"),
@@ -139,6 +145,11 @@ def test_invalid_spec_is_rejected(obj: dict[str, Any], message: str) -> None:
 
 def test_minimal_spec_is_valid() -> None:
     assert validate(minimal()) == []
+
+
+def test_a_model_may_have_aliases_and_a_single_name_stays_valid() -> None:
+    assert validate(with_spec(model__aliases=["tiny", "tiny-latest"])) == []
+    assert "aliases" not in minimal()["spec"]["model"]  # the single name alone: still valid
 
 
 def test_scale_to_zero_allows_min_replicas_zero() -> None:

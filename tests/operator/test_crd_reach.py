@@ -49,6 +49,7 @@ SAMPLES: dict[str, Any] = {
     "spec.prefill.topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
                                                 "whenUnsatisfiable": "DoNotSchedule"}],
     "spec.imagePullSecrets": [{"name": "other"}],
+    "spec.model.aliases": ["m-latest"],
     "spec.prefill.podDisruptionBudget.maxUnavailable": "50%",
     "spec.prefill.tolerations[].tolerationSeconds": 60,
     "spec.prefill.tolerations[].effect": "NoExecute",

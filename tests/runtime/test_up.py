@@ -35,7 +35,7 @@ def test_up_serves_and_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_path: P
     proc = subprocess.Popen(
         [sys.executable, "-m", "cleave.common.cli", "up", "--model", str(tiny_model_dir),
          "--dtype", "float32", "--kv-cache-memory", "8MiB", "--port", str(port),
-         "--disaggregate-min-tokens", "16"],
+         "--disaggregate-min-tokens", "16", "--served-model-name", "up-v2", "up"],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 120
@@ -47,10 +47,12 @@ def test_up_serves_and_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_path: P
         assert len(children) >= 4  # redis-server, two workers, the router
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-",
                                max_retries=0)
-        reply = client.completions.create(model=str(tiny_model_dir), prompt="hello " * 20,
-                                          max_tokens=4)
-        assert reply.choices[0].finish_reason in ("stop", "length")
+        # Both served names reach the router; replies carry the first (vLLM's rule).
+        assert [m.id for m in client.models.list().data] == ["up-v2", "up"]
+        reply = client.completions.create(model="up", prompt="hello " * 20, max_tokens=4)
+        assert reply.choices[0].finish_reason in ("stop", "length") and reply.model == "up-v2"
         text = log.read_text()
+        assert "model 'up-v2'" in text  # the banner's name is one a client may send
         # One merged log stream, each line naming its process.
         assert re.search(r"\[ *prefill-0\] ", text) and re.search(r"\[ *decode-0\] ", text)
         assert "curl " in text and "OpenAI(" in text

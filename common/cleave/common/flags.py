@@ -29,16 +29,20 @@ class Flag:
     choices: tuple[str, ...] | None
     metavar: str | None
     repeat: bool  # append: the flag may be given several times, the value is a tuple
+    several: bool  # a repeated flag that also takes several values at once (nargs="+")
 
 
 def setting(default: T, help: str, *, parse: Callable[[str], Any] = str,
             show: Callable[[Any], str] = str, choices: Sequence[str] | None = None,
-            metavar: str | None = None, repeat: bool = False) -> T:
+            metavar: str | None = None, repeat: bool = False, several: bool = False) -> T:
     """A field that is also the flag ``--field-name``. A flag's value is text (argparse has no
-    booleans that round-trip), and a repeated flag starts empty."""
+    booleans that round-trip), and a repeated flag starts empty. ``several``: a repeated flag
+    that also takes ``--flag A B`` (as vLLM's ``nargs="+"`` flags do)."""
     assert not isinstance(default, bool), "a bool flag would not round-trip: use choices"
+    repeat = repeat or several
     assert not repeat or default == (), "a repeated flag's default is ()"
-    flag = Flag(help, parse, show, tuple(choices) if choices else None, metavar, repeat)
+    flag = Flag(help, parse, show, tuple(choices) if choices else None, metavar, repeat,
+                several)
     return dataclasses.field(default=default, metadata={_KEY: flag})  # type: ignore[no-any-return]
 
 
@@ -70,11 +74,12 @@ class Settings:
             flag: Flag = field.metadata[_KEY]
             default = field.default
             shown = "" if default in (None, (), "") else f" (default: {flag.show(default)})"
+            many: dict[str, Any] = {"action": "extend", "nargs": "+"} if flag.several else \
+                {"action": "append" if flag.repeat else "store"}
             target.add_argument(
                 flag_name(field.name), dest=field.name, type=flag.parse,
-                action="append" if flag.repeat else "store",
                 default=None if flag.repeat else default, choices=flag.choices,
-                metavar=flag.metavar, help=(flag.help + shown).replace("%", "%%"))
+                metavar=flag.metavar, help=(flag.help + shown).replace("%", "%%"), **many)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Self:

@@ -132,6 +132,21 @@ class HttpSettings(Settings):
 
 
 @dataclass(frozen=True)
+class ServedSettings(Settings):
+    """The names clients ask for the model by, as vLLM's ``--served-model-name NAME [NAME
+    ...]``: one flag that ``cleave worker``, ``cleave router`` and ``cleave up`` share."""
+
+    served_model_name: tuple[str, ...] = setting(
+        (), "the model's names in the API (vLLM's --served-model-name): requests may ask for "
+        "any; responses and the vllm:* metrics' model_name label use the first (default: "
+        "--model)", metavar="NAME", several=True)
+
+    def names(self, model: str) -> tuple[str, ...]:
+        """Every served name, the first being the one responses and metrics carry."""
+        return tuple(n for n in self.served_model_name if n) or (model,)
+
+
+@dataclass(frozen=True)
 class WorkerSettings(Settings):
     """``cleave worker``: one engine behind the internal HTTP API the router calls."""
 
@@ -141,9 +156,7 @@ class WorkerSettings(Settings):
     grace_period: float = setting(30.0, "seconds to finish in-flight requests after SIGTERM",
                                   parse=float, metavar="SECONDS")
     internal_token_file: str | None = setting(None, INTERNAL_TOKEN_HELP, metavar="FILE")
-    served_model_name: str | None = setting(
-        None, "the model_name label of the vllm:* metrics: the router's --served-model-name "
-        "(default: --model)")
+    served: ServedSettings = group(ServedSettings)  # the first: its vllm:* model_name label
     max_open_requests: int = setting(
         1024, "requests open at once (queued, running or streaming); beyond it new ones get "
         "503 and the router tries another worker", parse=int)
@@ -196,7 +209,7 @@ class RouterSettings(Settings):
     model: str = setting(DEFAULT_MODEL, "model whose tokenizer and chat template the router "
                          "uses")
     revision: str | None = setting(None, "hub model's branch, tag or commit (default: main)")
-    served_model_name: str | None = setting(None, "the name clients ask for (default: --model)")
+    served: ServedSettings = group(ServedSettings)
     prefill: tuple[str, ...] = setting((), "a prefill worker URL; dns+http://NAME:PORT "
                                        "follows every address of a DNS name (repeatable)",
                                        metavar="URL", repeat=True)

@@ -24,6 +24,7 @@ from cleave.common.settings import (
     RedisSettings,
     RouterSettings,
     RoutingSettings,
+    ServedSettings,
     StoreSettings,
     WorkerSettings,
 )
@@ -85,7 +86,9 @@ def worker_settings(spec: LLMServiceSpec, role_name: str, role: Role) -> WorkerS
     defaults = EngineSettings()
     return WorkerSettings(
         role=role_name, host="0.0.0.0", port=WORKER_PORT, grace_period=GRACE_SECONDS,
-        served_model_name=spec.model_name,  # the vllm:* metrics' model_name, as the router's
+        # The vllm:* metrics' model_name, as the router's: the first name only, so that a
+        # changed alias rolls the router alone, not every worker.
+        served=ServedSettings((spec.model_name,)),
         store=StoreSettings(redis=redis_settings(spec, role_name), namespace=kv_namespace(spec),
                             kv_ttl_seconds=spec.kv_store.ttl_seconds),
         engine=EngineSettings(
@@ -165,7 +168,7 @@ def router_settings(spec: LLMServiceSpec) -> RouterSettings:
         hold = float(ROUTER_HOLD_SECONDS)
     return RouterSettings(
         model=spec.model_source, revision=spec.model_revision,
-        served_model_name=spec.model_name, host="0.0.0.0",
+        served=ServedSettings((spec.model_name, *spec.model_aliases)), host="0.0.0.0",
         port=r.port, prefill=(prefill,) if spec.prefill is not None else (),
         decode=(f"dns+http://{spec.name}-decode.{svc}:{WORKER_PORT}",),
         redis=redis_settings(spec, "router"),
@@ -215,7 +218,8 @@ def endpoint(spec: LLMServiceSpec) -> str:
 
 def config_map(spec: LLMServiceSpec, owner: Manifest) -> Manifest:
     """The resolved runtime configuration, for humans and tools (the pods take flags)."""
-    config = {"model": {"name": spec.model_name, "source": spec.model_source,
+    config = {"model": {"name": spec.model_name, "aliases": list(spec.model_aliases),
+                        "source": spec.model_source,
                         "revision": spec.model_revision, "dtype": spec.dtype},
               "kvStore": {"url": redis_url(spec), "namespace": kv_namespace(spec),
                           "ttlSeconds": spec.kv_store.ttl_seconds},

@@ -40,8 +40,13 @@ GROUP, VERSION, KIND, PLURAL = "cleave.dev", "v1alpha1", "LLMService", "llmservi
 
 def model() -> Schema:
     return obj("The model every worker and the router load.", {
-        "name": name("The model name clients send in requests (the OpenAI model field), and "
-                     "the one /v1/models lists."),
+        "name": name("The model name clients send in requests (the OpenAI model field), the "
+                     "first /v1/models lists, and the one responses and the vllm:* metrics' "
+                     "model_name label carry."),
+        "aliases": array("More names clients may send for the model, listed by /v1/models "
+                         "after name (vLLM's --served-model-name NAME [NAME ...] is name, then "
+                         "these): e.g. a stable name kept while name moves to a new version.",
+                         name("A model name.")),
         "source": string(
             "A Hugging Face hub id (org/name: each pod's init container downloads it into the "
             "pod's /cache), a built-in model name, or a path in the image or volume (HF "

@@ -155,11 +155,12 @@ class AutoscalerOptions:
 class LLMServiceSpec:
     name: str  # metadata.name: names every child and salts the KV namespace
     namespace: str
-    model_name: str
+    model_name: str  # the first served name: responses and the vllm:* metrics carry it
     model_source: str
     dtype: str = "auto"
     model_claim: str | None = None
     model_revision: str | None = None  # a hub model's branch, tag or commit
+    model_aliases: tuple[str, ...] = ()  # more names requests may ask for (spec.model.aliases)
     model_token_secret: SecretRef | None = None  # HF_TOKEN of the pods' download
     image: str = DEFAULT_IMAGE  # spec.image, else the operator's (chart's) runtime image
     gpu_image: str = DEFAULT_IMAGE  # for GPU workers: spec.image, else the chart's CUDA image
@@ -307,6 +308,9 @@ def _parse_spec(obj: Mapping[str, Any], default_image: str, default_gpu_image: s
     model = spec.get("model") or {}
     if not model.get("name") or not model.get("source"):
         raise SpecError("spec.model needs a name and a non-empty source")
+    aliases = model.get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise SpecError("spec.model.aliases must be a list of non-empty names")
     dtype = model.get("dtype", "auto")
     if dtype not in DTYPES:
         raise SpecError(f"spec.model.dtype must be one of {DTYPES}, got {dtype!r}")
@@ -352,6 +356,7 @@ def _parse_spec(obj: Mapping[str, Any], default_image: str, default_gpu_image: s
         model_name=str(model["name"]), model_source=str(model["source"]), dtype=str(dtype),
         model_claim=(model.get("volume") or {}).get("claimName"),
         model_revision=str(model["revision"]) if model.get("revision") else None,
+        model_aliases=tuple(aliases),
         model_token_secret=_secret(model.get("tokenSecret"), "spec.model.tokenSecret"),
         image=str(spec.get("image") or default_image),
         gpu_image=str(spec.get("image") or default_gpu_image),

@@ -134,7 +134,7 @@ def _serve_worker(settings: WorkerSettings, config: EngineConfig,
             logging.warning("a prefill worker without --redis-url cannot hand KV to decode "
                             "workers; they will recompute")
         worker = Worker(engine, settings.role, connector, token, settings.max_open_requests,
-                        model_name=settings.served_model_name)
+                        model_name=settings.served.names(config.model)[0])
         return await serve(worker, settings.host,
                            settings.port, settings.grace_period, settings.http)
 
@@ -172,6 +172,7 @@ def run_router(args: argparse.Namespace) -> int:
         except (ModelLoadError, OSError, ValueError) as e:
             return _error("router", e)
         return _checked("router", [f"listening on {s.host}:{s.port}", f"model {model}",
+                                   f"served as {', '.join(s.served.names(s.model))}",
                                    f"prefill {list(s.prefill)}", f"decode {list(s.decode)}",
                                    f"routing {s.routing}"])
     return _serve_router(s)
@@ -194,8 +195,9 @@ def _serve_router(s: RouterSettings) -> int:
     r = s.routing
     files = resolve_model(s.model, revision=s.revision)
     _, shape = load_config(files)
+    first, *aliases = s.served.names(s.model)
     config = RouterConfig(
-        model=s.served_model_name or s.model, prefill_urls=s.prefill, decode_urls=s.decode,
+        model=first, aliases=tuple(aliases), prefill_urls=s.prefill, decode_urls=s.decode,
         model_source=s.model,
         disaggregate_min_tokens=r.disaggregate_min_tokens,
         kv_load_failure_policy=r.kv_load_failure_policy,

@@ -64,7 +64,8 @@ REQUEST_ID = web.RequestKey("request_id", str)
 
 @dataclass(frozen=True)
 class RouterConfig:
-    model: str
+    model: str  # the first served name: what responses and the vllm:* metrics carry
+    aliases: tuple[str, ...] = ()  # more names a request may ask for (vLLM's later names)
     model_source: str = ""  # what the model was loaded from: /v1/models' "root", as vLLM's
     prefill_urls: tuple[str, ...] = ()
     decode_urls: tuple[str, ...] = ()
@@ -104,6 +105,11 @@ class RouterConfig:
         if self.tool_call_parser not in tools.PARSER_CHOICES:
             raise ValueError(f"tool_call_parser must be one of {tools.PARSER_CHOICES}")
 
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name a request may ask for, the first one first (as /v1/models lists them)."""
+        return tuple(dict.fromkeys((self.model, *self.aliases)))  # each once, in order
+
 
 class Router:
     def __init__(self, config: RouterConfig, tokenizer: Any, max_model_len: int,
@@ -138,7 +144,8 @@ class Router:
         app.router.add_get("/metrics", metrics.metrics_endpoint)
         app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/internal/workers", self.workers)
-        VllmEndpoints(self.prompts, [self.config.model], _json, self.admission).register(app)
+        VllmEndpoints(self.prompts, self.config.served_names, _json,
+                      self.admission).register(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -190,7 +197,7 @@ class Router:
     # -- plain endpoints -----------------------------------------------------------------
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response(responses.models_list(
-            [self.config.model], int(time.time()), self.max_model_len,
+            self.config.served_names, int(time.time()), self.max_model_len,
             self.config.model_source or self.config.model))
 
     async def health(self, _: web.Request) -> web.Response:
@@ -212,12 +219,13 @@ class Router:
                                   "decode": self.fleet.decode.describe(), "held": self.fleet.held})
 
     async def openapi(self, _: web.Request) -> web.Response:
-        return web.Response(body=openapi_json((self.config.model,)),
+        return web.Response(body=openapi_json(self.config.served_names),
                             content_type="application/json")
 
     # -- generation ----------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        parsed = api.parse_completion_request(await _json(request), [self.config.model])
+        parsed = api.parse_completion_request(await _json(request),
+                                              self.config.served_names)
         with self.admission.slot():  # before any tokenizing: a refused request costs nothing
             # With the BOS, as vLLM's.
             ids = await self.admission.off_loop(self.prompts.text_ids, parsed.prompt)
@@ -229,7 +237,7 @@ class Router:
             return await self._serve(request, ids, params, parsed, chat=False, echo=echo)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        parsed = api.parse_chat_request(await _json(request), [self.config.model])
+        parsed = api.parse_chat_request(await _json(request), self.config.served_names)
         with self.admission.slot():
             plan = tools.plan(parsed.tool_request, self.tool_parser)
             ids = await self.admission.off_loop(

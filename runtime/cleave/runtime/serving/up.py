@@ -31,6 +31,7 @@ from cleave.common.settings import (
     RedisSettings,
     RouterSettings,
     RoutingSettings,
+    ServedSettings,
     StoreSettings,
     WorkerSettings,
 )
@@ -67,6 +68,7 @@ def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     RedisSettings.add_arguments(p)  # without --redis-url: a private redis-server
     RoutingSettings.add_arguments(p)
     HttpSettings.add_arguments(p)  # the router's, the workers' and the metrics server's
+    ServedSettings.add_arguments(p)
     p.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="how long each process may take to answer /ready (default 600)")
     add_autoscale_arguments(p)
@@ -100,7 +102,8 @@ def _password_to_env(url: str, env: dict[str, str]) -> str:
 def _router_command(args: argparse.Namespace, store: RedisSettings, sup: Supervisor,
                     autoscale: AutoscaleSettings | None) -> list[str]:
     routing = RoutingSettings.from_args(args)
-    settings = RouterSettings(model=args.model, revision=args.revision, host=args.host,
+    settings = RouterSettings(model=args.model, revision=args.revision,
+                              served=ServedSettings.from_args(args), host=args.host,
                               port=args.port, redis=store,
                               max_model_len=args.max_model_len,
                               routing=routing, http=HttpSettings.from_args(args))
@@ -149,7 +152,8 @@ def run_up(args: argparse.Namespace) -> int:
     # another local user who finds a worker's port cannot call it past the router.
     env[INTERNAL_TOKEN_ENV] = env.get(INTERNAL_TOKEN_ENV) or secrets.token_urlsafe(32)
     tmp = Path(tempfile.mkdtemp(prefix="cleave-up-")) if autoscale else None
-    worker = WorkerSettings(store=StoreSettings(redis=store),
+    worker = WorkerSettings(served=ServedSettings.from_args(args),
+                            store=StoreSettings(redis=store),
                             engine=EngineSettings.from_args(args),
                             http=HttpSettings.from_args(args))
     gpus = gpus_for_workers(worker.engine.device, env,
@@ -183,7 +187,8 @@ def run_up(args: argparse.Namespace) -> int:
         router = sup.start_router(_router_command(args, store, sup, autoscale),
                                   f"http://{args.host}:{args.port}")
         sup.wait_ready([router], args.startup_timeout)
-        print(_banner(f"http://{args.host}:{args.port}", args.model), flush=True)
+        print(_banner(f"http://{args.host}:{args.port}",
+                      worker.served.names(args.model)[0]), flush=True)
         if autoscale is not None:
             sup.say(describe_settings(autoscale))
             assert tmp is not None
