@@ -21,17 +21,19 @@ from typing import Any
 
 import kubernetes
 import pytest
-from autoscaler_pods import PodServers, Profile, create_pod, pod_servers
-from kmock_support import KubeEmulator, eventually, operator_emulator, run_operator
 from kubernetes import client
 
+# Here, not with the operator's tests, so that the reliability run reports its figure
+# (``reliability {"test": "rbac_verbs", ...}``); it runs once, with the operator's helpers.
 TESTS = Path(__file__).resolve().parents[1]
-for extra in (TESTS / "cluster", TESTS / "charts", TESTS / "reliability"):
+for extra in (TESTS / "operator", TESTS / "cluster", TESTS / "charts"):
     if str(extra) not in sys.path:
         sys.path.append(str(extra))
 
+from autoscaler_pods import PodServers, Profile, create_pod, pod_servers  # noqa: E402
 from chart_support import HELM, by_kind, template  # noqa: E402
 from figures import report  # noqa: E402
+from kmock_support import KubeEmulator, eventually, operator_emulator, run_operator  # noqa: E402
 from localnode.rbac import User, request_attributes  # noqa: E402
 
 NS = "default"
