@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from figures import report
 from serving_stack import Proc, start_stack
 from up_stack import running_up
@@ -126,6 +127,22 @@ def test_the_metrics_server_closes_slowloris_at_the_header_deadline() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_cut_off_malformed_request_line_logs_nothing(capfd: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """A request line that never ends, cut at the deadline, is not answered: writing its 400
+    to the shut socket printed a traceback per connection (an attacker's log flood)."""
+    httpd, _ = start_metrics_server(0, "127.0.0.1", header_read_timeout=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", httpd.server_port), timeout=10) as s:
+            s.sendall(b"XYZ")
+            assert s.recv(100) == b""  # closed at the deadline, nothing answered
+        time.sleep(0.3)  # the handler thread ends after the socket closes
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_cleave_up_passes_the_deadline_to_every_server(tiny_model_dir: Path,

@@ -58,6 +58,13 @@ class _DeadlineHandler(WSGIRequestHandler):
         self._timer.cancel()
         return ok
 
+    def send_error(self, code: int, message: str | None = None,
+                   explain: str | None = None) -> None:
+        """Nothing to a connection cut off: parse_request answers a malformed request line
+        before the check above, and writing to the shut socket printed a traceback."""
+        if not self._expired:
+            super().send_error(code, message, explain)
+
     def finish(self) -> None:
         self._timer.cancel()
         super().finish()

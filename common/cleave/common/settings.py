@@ -122,10 +122,12 @@ class HttpSettings(Settings):
     (cleave/runtime/serving/http_server.py applies them)."""
 
     TITLE = "HTTP server"
-    # 20 s: above the 15 s an aiohttp client (the router's pool) keeps an idle connection, so a
-    # worker never closes one the router is about to reuse; far above what a real client needs.
+    # 75 s, the idle keep-alive the router had (aiohttp's run_app default): the same timer
+    # bounds idle keep-alive connections, and a load balancer in front (AWS ALB, ingress-nginx:
+    # 60 s idle) must never reuse one the router is closing, nor the router's own pool (15 s)
+    # one a worker is closing. Lower it where nothing pools connections to the server.
     header_read_timeout: float = setting(
-        20.0, "seconds a connection has to send a request line and headers, counted from its "
+        75.0, "seconds a connection has to send a request line and headers, counted from its "
         "opening or its previous response (so also the longest idle keep-alive); then it is "
         "closed (a slowloris client cannot hold it)", parse=positive_seconds,
         metavar="SECONDS")
