@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from redis_servers import free_port
 
+from cleave.common.settings import HttpSettings
 from cleave.runtime.engine.async_engine import AsyncEngine
 from cleave.runtime.serving.worker import Worker, serve
 
@@ -22,7 +23,8 @@ async def test_a_worker_whose_engine_dies_exits_to_be_restarted(
         tiny_engine_factory: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     engine = AsyncEngine(tiny_engine_factory())
     port = free_port()
-    serving = asyncio.create_task(serve(Worker(engine, "both", None), "127.0.0.1", port, 1.0))
+    serving = asyncio.create_task(serve(Worker(engine, "both", None), "127.0.0.1", port, 1.0,
+                                        HttpSettings()))
     url = f"http://127.0.0.1:{port}"
     body = {"request_id": "r1", "prompt_token_ids": [5, 6, 7], "sampling": {"max_tokens": 4}}
     async with aiohttp.ClientSession() as session:
