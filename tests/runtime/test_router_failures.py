@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from transformers import AutoTokenizer
 
 from cleave.runtime.serving.router import Router, RouterConfig
+from cleave.runtime.serving.wire import GenerateRequest
 
 
 def _line(text: str, finished: bool = False) -> bytes:
@@ -220,12 +221,12 @@ async def test_a_decode_worker_dying_mid_stream_is_resumed_on_another(
             await server.close()
     prompt = tokenizer("hi there")["input_ids"]
     assert text == "Hello there world!"  # one response, nothing lost or repeated
-    continued = shared["continued"]
-    assert continued["prompt_token_ids"] == prompt  # the same request ...
-    assert continued["earlier_token_ids"] == [5]  # ... holding what the client has as output
-    assert continued["first_token"] == 5  # the last one sent goes on from there
-    assert continued["sampling"]["max_tokens"] == 5
-    assert continued["kv_load_failure_policy"] == "recompute"
+    continued = GenerateRequest.model_validate_json(json.dumps(shared["continued"]))  # as read
+    assert continued.prompt_token_ids == prompt  # the same request ...
+    assert continued.earlier_token_ids == [5]  # ... holding what the client has as output
+    assert continued.first_token == 5  # the last one sent goes on from there
+    assert continued.sampling.max_tokens == 5
+    assert continued.kv_load_failure_policy == "recompute"
     assert usage["prompt_tokens"] == len(prompt)
     assert usage["completion_tokens"] == 4
     # What the request found cached, not what its continuation found (the blocks it saved).
