@@ -1,7 +1,7 @@
 """The generated OpenAPI document and the validation agree on bodies a fuzzer makes up (what a
 schema-driven fuzzer such as schemathesis relies on): any field, known or not, with any JSON
-value. Fields whose remaining rules no schema states (best_of against n, echo with logprobs, a
-grammar that must compile, a named tool that must exist) are left out of the pool."""
+value. Fields whose remaining rules no schema states (best_of against n, prompt_logprobs not
+streamed, a grammar that must compile, a named tool that must exist) are left out of the pool."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from pydantic import BaseModel
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving.openapi import openapi_document
 
-CROSS_RULES = {"best_of", "echo", "tools", "tool_choice", "response_format", "guided_json",
-               "guided_regex", "guided_choice", "structured_outputs", "messages", "prompt"}
+CROSS_RULES = {"best_of", "prompt_logprobs", "tools", "tool_choice", "response_format",
+               "guided_json", "guided_regex", "guided_choice", "structured_outputs", "messages",
+               "prompt"}
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 300), st.sampled_from([1 << 63, -(1 << 63) - 1]),
     st.floats(-3, 3, allow_nan=False), st.floats(0.5, 1.5).map(round),

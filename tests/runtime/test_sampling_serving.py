@@ -1,9 +1,10 @@
 """Sampling through the whole platform (issue 16 item 2), with the official ``openai`` client:
 real worker processes (a prefill and a decode one), a real redis-server and the router.
 
-n and best_of, penalties, logit bias, echo, and the same seeded output whether a request is
-disaggregated (the prefill worker samples the first token, the decode worker the rest) or served
-whole by one worker, and whether it comes from a single engine in this process.
+n and best_of, penalties, logit bias, echo, prompt logprobs (with echo too), and the same
+seeded output whether a request is disaggregated (the prefill worker samples the first token,
+the decode worker the rest) or served whole by one worker, and whether it comes from a single
+engine in this process.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
+import torch
 from serving_stack import Stack, start_stack
 from test_serving import DECISIONS, _metric
 
@@ -172,10 +175,10 @@ def test_echo_puts_the_prompt_in_front(client: openai.OpenAI) -> None:
     ({"stop_token_ids": [99999999]}, "stop_token_ids"),
     ({"n": 2, "best_of": 1}, "best_of"),
     ({"best_of": 2, "stream": True}, "best_of"),
-    ({"echo": True, "logprobs": 1}, "echo"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),  # beyond the 20 logprobs takes too
+    ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),  # as vLLM
     ({"presence_penalty": 3}, "presence_penalty"),
     ({"min_tokens": 9, "max_tokens": 4}, "min_tokens"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
 ])
 def test_bad_values_get_a_400_naming_the_field(client: openai.OpenAI, fields: dict[str, object],
                                                param: str) -> None:
@@ -183,3 +186,84 @@ def test_bad_values_get_a_400_naming_the_field(client: openai.OpenAI, fields: di
         client.completions.create(model="tiny", prompt="hi", extra_body=fields)
     body = refused.value.body
     assert isinstance(body, dict) and body.get("param") == param, body
+
+
+def _prompt_scores(choice_or_body: Any) -> list[dict[str, Any] | None]:
+    """vLLM's prompt_logprobs, which the openai client keeps as an extra field."""
+    scores = (choice_or_body.model_extra or {}).get("prompt_logprobs")
+    assert isinstance(scores, list), choice_or_body
+    return scores
+
+
+def test_prompt_logprobs_are_transformers_and_the_same_split_or_whole(
+        stack: Stack, client: openai.OpenAI, reference: LLMEngine, tiny_hf_model: Any) -> None:
+    assert stack.router is not None
+    prompt = f"{time.time_ns()} {LONG}"  # not cached: disaggregated
+    disaggregated = f'{DECISIONS}{{path="disaggregated"'
+    before = _metric(stack.router.url, disaggregated)
+    split = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, n=2,
+                                      extra_body={"prompt_logprobs": 3})
+    assert _metric(stack.router.url, disaggregated) == before + 1  # sequence 0 was split
+    # Logprobs are served whole: the same prompt's scores from the decode worker alone.
+    whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, logprobs=1,
+                                      extra_body={"prompt_logprobs": 3})
+    scores = _prompt_scores(split.choices[0])
+    assert _prompt_scores(split.choices[1]) == scores  # every choice shows them
+    ids = reference.tokenizer.encode(prompt)
+    with torch.inference_mode():
+        ref = torch.log_softmax(tiny_hf_model(torch.tensor([ids])).logits[0].float(), -1)
+    assert scores[0] is None and len(scores) == len(ids)
+    for p, (entry, other) in enumerate(zip(scores[1:], _prompt_scores(whole.choices[0])[1:],
+                                           strict=True)):
+        assert entry is not None and other is not None and entry.keys() == other.keys()
+        row, token = ref[p], str(ids[p + 1])
+        assert list(entry)[1:] == [str(t) for t in row.topk(3).indices.tolist()
+                                   if str(t) != token][:len(entry) - 1]
+        assert next(iter(entry)) == token  # the prompt's own token first, as vLLM's
+        assert entry[token]["rank"] == int((row > row[ids[p + 1]]).sum()) + 1
+        assert entry[token]["decoded_token"] == reference.tokenizer.decode([ids[p + 1]])
+        for t, got in entry.items():
+            assert got["logprob"] == pytest.approx(float(row[int(t)]), abs=1e-4)
+            assert other[t]["logprob"] == pytest.approx(got["logprob"], abs=1e-5)
+
+
+def test_chat_prompt_logprobs_are_its_template_s_prompt_s(client: openai.OpenAI,
+                                                          reference: LLMEngine) -> None:
+    messages = [{"role": "user", "content": LONG}]
+    chat = client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
+                                          max_tokens=1, extra_body={"prompt_logprobs": 2})
+    text = reference.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                   add_generation_prompt=True)
+    ids = reference.tokenizer.encode(text, add_special_tokens=False)
+    plain = client.completions.create(model="tiny", prompt=ids, max_tokens=1,
+                                      extra_body={"prompt_logprobs": 2})
+    assert _prompt_scores(chat) == _prompt_scores(plain.choices[0])  # on the body, as vLLM's
+    assert chat.usage is not None and len(_prompt_scores(chat)) == chat.usage.prompt_tokens
+
+
+def test_echo_with_logprobs_scores_the_prompt_then_the_output(client: openai.OpenAI) -> None:
+    asked = {"model": "tiny", "prompt": LONG, "max_tokens": 4, "temperature": 0, "echo": True,
+             "logprobs": 2}
+    [choice] = client.completions.create(**asked).choices  # type: ignore[call-overload]
+    lp = choice.logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    assert lp.text_offset is not None
+    scores = _prompt_scores(client.completions.create(
+        model="tiny", prompt=LONG, max_tokens=1, extra_body={"prompt_logprobs": 2}).choices[0])
+    prompt_len = len(scores)
+    assert len(lp.tokens) == prompt_len + 4
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing before it
+    for got, top, want in zip(lp.token_logprobs[1:prompt_len], lp.top_logprobs[1:prompt_len],
+                              scores[1:], strict=True):
+        assert want is not None and got == pytest.approx(next(iter(want.values()))["logprob"])
+        # The likeliest 2 by their text (two tokens may read the same: one key, as OpenAI's).
+        assert set(top) == {v["decoded_token"] for v in want.values() if v["rank"] <= 2}
+    assert "".join(lp.tokens) == choice.text and choice.text.startswith(LONG)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    streamed: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for chunk in client.completions.create(**asked, stream=True):  # type: ignore[call-overload]
+        for key, values in streamed.items():
+            values += getattr(chunk.choices[0].logprobs, key) if chunk.choices[0].logprobs \
+                else []
+    assert streamed == {"tokens": lp.tokens, "token_logprobs": lp.token_logprobs,
+                        "text_offset": lp.text_offset}

@@ -170,7 +170,8 @@ class KVStoreConnector:
         Returns the final output, whose ``handoff`` carries the first token and every full
         block (the decode side may take it directly or from the store).
         """
-        cached = await self.load_prefix(prompt, params.cache_salt)
+        cached = await self.load_prefix(prompt, params.cache_salt) \
+            if params.reads_cached_prefix else None
         if cached:
             KV_LOADED_BLOCKS.labels("prefix").inc(len(cached.blocks))
         final = await last_output(self.engine.generate(prompt, params, request_id=request_id,

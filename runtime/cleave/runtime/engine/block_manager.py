@@ -57,6 +57,8 @@ class BlockManager:
         # At least the last token is always recomputed (its logits are needed), and the
         # recomputed region starts on a block boundary so no shared block is ever written.
         self._extend_hashes(seq, seq.num_tokens)
+        if seq.scores_prompt:
+            return []  # prompt logprobs need every prompt position's logits (reads_cached_prefix)
         limit = (seq.num_tokens - 1) // self.block_size
         hits: list[int] = []
         for h in seq.block_hashes[:limit]:
@@ -92,9 +94,11 @@ class BlockManager:
         seq.block_table = hits + [self._take_free_block() for _ in range(fresh)]
         seq.num_cached_tokens = len(hits) * self.block_size
         seq.num_computed_tokens = seq.num_cached_tokens
-        # Counted on admission only: a sequence refused for room is looked up again later.
-        self.prefix_queried_tokens += seq.num_tokens
-        self.prefix_hit_tokens += seq.num_cached_tokens
+        # Counted on admission only: a sequence refused for room is looked up again later;
+        # one that may not read the cache was not looked up (vLLM counts neither).
+        if not seq.scores_prompt:
+            self.prefix_queried_tokens += seq.num_tokens
+            self.prefix_hit_tokens += seq.num_cached_tokens
         return True
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:

@@ -213,6 +213,8 @@ class LLMEngine:
                        prefill_only=prefill_only, sampling_seed=seed)
         if params.grammar is not None:
             seq.constraint = self.grammars.constraint(params.grammar)
+        if params.prompt_logprobs is not None and (kv is None or kv.first_token is None):
+            seq.prompt_logprobs = []  # a request handed its first token was scored upstream
         if kv is not None:
             if kv.first_token is not None:
                 out = kv.output_tokens
@@ -221,7 +223,8 @@ class LLMEngine:
                 seq.token_ids.extend(out)
                 if kv.first_logprob is not None and not kv.earlier_tokens:
                     seq.logprobs.append(kv.first_logprob)
-            seq.num_external_blocks = self._verified_blocks(ids, kv, params.cache_salt)
+            if not seq.scores_prompt:  # a cached prefix has no logits to score
+                seq.num_external_blocks = self._verified_blocks(ids, kv, params.cache_salt)
         return seq
 
     def _verified_blocks(self, prompt: list[int], kv: KVHandoff,
@@ -303,7 +306,10 @@ class LLMEngine:
         self.stats.prompt_tokens_computed += sum(
             max(0, min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - c.start)
             for c in out.chunks)
-        seqs, tokens, logprobs = self.runner.execute(out)
+        seqs, tokens, logprobs, scores = self.runner.execute(out)
+        for scored, entries in scores:
+            assert scored.prompt_logprobs is not None
+            scored.prompt_logprobs += entries
         exports = {id(s): self._export(s, t, lp) for s, t, lp in zip(seqs, tokens, logprobs,
                                                                    strict=True) if s.prefill_only}
         self.scheduler.commit(out, {id(s): t for s, t in zip(seqs, tokens, strict=True)})
@@ -313,7 +319,10 @@ class LLMEngine:
         for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
             if lp is not None:
                 seq.logprobs.append(lp)
-            results.append(self._output(seq, [token], [lp] if lp else [], exports.get(id(seq))))
+            # The prompt's logprobs go out once, with the first token (the prompt is done).
+            prompt = seq.prompt_logprobs if seq.num_output_tokens == 1 else None
+            results.append(self._output(seq, [token], [lp] if lp else [], exports.get(id(seq)),
+                                        prompt))
         return results
 
     def _stamp(self, seqs: Iterable[Sequence], first_token: bool) -> None:
@@ -336,7 +345,8 @@ class LLMEngine:
                          header_room=self.export_header_room)
 
     def _output(self, seq: Sequence, new_ids: list[int], new_lps: list[TokenLogprob],
-                handoff: KVHandoff | None = None) -> RequestOutput:
+                handoff: KVHandoff | None = None,
+                prompt_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         detok = self._detok[seq.request_id]
         detok.add(new_ids)
         if detok.stopped and not seq.is_finished:
@@ -347,7 +357,7 @@ class LLMEngine:
             new_text=detok.take_delta(final=finished), finished=finished,
             finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens,
-            new_logprobs=new_lps, handoff=handoff)
+            new_logprobs=new_lps, handoff=handoff, prompt_logprobs=prompt_logprobs)
         if finished:
             clock = self._clocks.get(seq.request_id)
             out.times = clock.times(time.monotonic()) if clock is not None else None

@@ -1,4 +1,9 @@
-"""Turns a scheduler step into one forward over the paged pool, then samples."""
+"""Turns a scheduler step into one forward over the paged pool, then samples.
+
+The forward computes logits only at the rows it is told: one per sampled sequence, and, for a
+request that asked for prompt logprobs, one per prompt position of its chunk not scored yet
+(after the sampled rows, so a step where nobody asks is exactly as before).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,12 @@ import torch
 from cleave.runtime.engine.dense.graphs import DecodeGraphs
 from cleave.runtime.engine.kv_pool import KVPool
 from cleave.runtime.engine.paged_model import AttentionBatch, DecodeGroup, PagedModel
-from cleave.runtime.engine.sampler import sample
+from cleave.runtime.engine.sampler import prompt_logprobs, sample
 from cleave.runtime.engine.scheduler import ScheduledChunk, SchedulerOutput
 from cleave.runtime.engine.sequence import Sequence, TokenLogprob
+
+# Per scoring sequence, the prompt positions whose logits follow the sampled rows.
+Scored = list[tuple[Sequence, range]]
 
 
 class ModelRunner:
@@ -29,8 +37,9 @@ class ModelRunner:
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
     def prepare(self, chunks: list[ScheduledChunk]
-                ) -> tuple[torch.Tensor, AttentionBatch, list[Sequence]]:
-        """Flatten a step into model inputs; also returns the sequences in logits-row order."""
+                ) -> tuple[torch.Tensor, AttentionBatch, list[Sequence], Scored]:
+        """Flatten a step into model inputs; also returns the sequences in logits-row order,
+        then the prompt positions scored in the rows after theirs."""
         bs = self.block_size
         # Decodes sorted by context length, so each width group is a contiguous run.
         # (A one-token chunk that does not reach the end is a prefill cut by the budget.)
@@ -42,6 +51,8 @@ class ModelRunner:
         slots: list[int] = []
         logits_at: list[int] = []
         sampled: list[Sequence] = []
+        scored: Scored = []
+        score_at: list[int] = []
         for c in decodes:
             sampled.append(c.seq)
             logits_at.append(len(ids))
@@ -72,6 +83,10 @@ class ModelRunner:
                 q_pos = torch.arange(c.start, end, device=self.device)
                 causal = torch.arange(end, device=self.device)[None, :] <= q_pos[:, None]
             prefill_specs.append((first, c.num_tokens, c.start, table, causal))
+            positions_scored = c.seq.prompt_positions(c.start, end)
+            if positions_scored:
+                scored.append((c.seq, positions_scored))
+                score_at += [first + p - c.start for p in positions_scored]
             if c.samples:
                 sampled.append(c.seq)
                 logits_at.append(len(ids) - 1)
@@ -80,21 +95,34 @@ class ModelRunner:
             slot_mapping=self._tensor(slots),
             decode_groups=groups,
             prefills=prefill_specs,
-            logits_indices=self._tensor(logits_at),
+            logits_indices=self._tensor(logits_at + score_at),
         )
-        return self._tensor(ids), batch, sampled
+        return self._tensor(ids), batch, sampled, scored
 
-    def execute(self, out: SchedulerOutput) -> tuple[list[Sequence], list[int],
-                                                     list[TokenLogprob | None]]:
-        """Run the forward for the scheduled chunks and sample; returns (seqs, tokens, logprobs)."""
+    def execute(self, out: SchedulerOutput) -> tuple[
+            list[Sequence], list[int], list[TokenLogprob | None],
+            list[tuple[Sequence, list[TokenLogprob]]]]:
+        """Run the forward for the scheduled chunks and sample; returns (seqs, tokens,
+        logprobs, and each scoring sequence's new prompt logprobs)."""
         shape = None if self.graphs is None else self.graphs.shape_for(out.chunks)
+        scored: Scored = []  # decode-only steps (the graphs' kind) score no prompt
         if shape is not None and self.graphs is not None:
             logits, sampled = self.graphs.run(out.chunks, shape)
         else:
-            input_ids, batch, sampled = self.prepare(out.chunks)
+            input_ids, batch, sampled, scored = self.prepare(out.chunks)
             logits = self.model.forward(input_ids, batch, self.pool.k, self.pool.v)
-        tokens, logprobs = sample(logits, sampled)
-        return sampled, tokens, logprobs
+        if not scored:
+            return (sampled, *sample(logits, sampled), [])
+        row = len(sampled)
+        scores = []
+        for seq, positions in scored:
+            n = len(positions)
+            targets = seq.token_ids[positions.start + 1:positions.stop + 1]
+            assert seq.params.prompt_logprobs is not None
+            scores.append((seq, prompt_logprobs(logits[row:row + n], targets,
+                                                seq.params.prompt_logprobs)))
+            row += n
+        return (sampled, *sample(logits[:len(sampled)], sampled), scores)
 
 
 # Fixed cost of one more attention group (about a dozen ops per layer), in padded tokens it

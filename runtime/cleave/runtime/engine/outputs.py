@@ -63,6 +63,8 @@ class RequestOutput:
     num_cached_tokens: int
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     handoff: KVHandoff | None = None
+    # Prompt tokens 1.. scored (SamplingParams.prompt_logprobs): on the first token's output.
+    prompt_logprobs: list[TokenLogprob] | None = None
     times: RequestTimes | None = None  # on the last output only
 
 
@@ -78,6 +80,7 @@ class Completion:
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     handoff: KVHandoff | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def absorb(self, out: RequestOutput) -> None:
         self.token_ids += out.new_token_ids
@@ -87,6 +90,8 @@ class Completion:
         self.num_cached_tokens = out.num_cached_tokens
         if out.handoff is not None:
             self.handoff = out.handoff
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             self.finish_reason = out.finish_reason
 

@@ -1,5 +1,5 @@
 """Token selection: penalties, logit bias, min_tokens, grammars, greedy, temperature, min-p,
-top-k, top-p, per-request seeds, logprobs.
+top-k, top-p, per-request seeds, logprobs (of sampled tokens, and of prompt tokens).
 
 Randomness is keyed on (request seed, output index) rather than carried in a generator's state,
 so a request that is preempted and recomputed, or split across a prefill and a decode process,
@@ -184,3 +184,21 @@ def sample(logits: torch.Tensor,
             top=tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else (),
         ))
     return tokens, logprobs
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: list[int], top_n: int
+                    ) -> list[TokenLogprob]:
+    """Prompt logprobs (vLLM's): row ``i`` of fp32 ``logits`` scores token ``targets[i]``,
+    with its rank (1 + the tokens likelier than it) and the row's top ``top_n``. Raw, as the
+    sampled tokens' are: the model's distribution, before any sampling rule."""
+    lp = torch.log_softmax(logits, dim=-1)
+    chosen = lp.gather(1, torch.tensor(targets, device=lp.device)[:, None])
+    ranks = ((lp > chosen).sum(-1) + 1).tolist()
+    values = chosen.squeeze(1).tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(targets)
+    if top_n:
+        top = torch.topk(lp, top_n)
+        tops = [tuple(zip(i, v, strict=True))
+                for i, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
+    return [TokenLogprob(t, v, top, rank=r)
+            for t, v, top, r in zip(targets, values, tops, ranks, strict=True)]

@@ -40,6 +40,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; n: the chosen token's plus the top n
+    # vLLM's prompt logprobs: each prompt token's (after the first) plus the top n there.
+    # Computed only by an engine that runs the prompt (not one handed its first token).
+    prompt_logprobs: int | None = None
     # OpenAI's penalties, over the output so far: logit -= frequency * count + presence * seen.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -69,6 +72,9 @@ class SamplingParams:
             raise RequestError(f"top_k must be >= 0, got {self.top_k}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise RequestError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got "
+                               f"{self.prompt_logprobs}")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
         if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS:
@@ -116,6 +122,15 @@ class SamplingParams:
         return (self.penalized or bool(self.logit_bias) or self.min_tokens > 0
                 or self.grammar is not None)
 
+    @property
+    def reads_cached_prefix(self) -> bool:
+        """Whether the request may take its prompt's leading KV from a cache (the engine's
+        prefix cache, the store). Prompt logprobs need the logits at every prompt position, and
+        a cached block has none: such a request computes its whole prompt, as vLLM skips the
+        prefix cache for it. (Recomputing only the logits would need the cached KV's hidden
+        states, which nothing keeps; the prompt is read once, so this costs one prefill.)"""
+        return self.prompt_logprobs is None
+
     def max_token_id(self) -> int:
         """The largest token id the parameters name (-1: none), to check against the vocab."""
         return max([*self.stop_token_ids, *(t for t, _ in self.logit_bias)], default=-1)
@@ -146,6 +161,8 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    # 1 + how many tokens were likelier (prompt logprobs, as vLLM's); None: not computed.
+    rank: int | None = None
 
 
 _arrival_counter = itertools.count()
@@ -176,6 +193,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Prompt logprobs so far, for prompt tokens 1.. in order (token 0 has none: nothing comes
+    # before it); None: this engine does not compute them (not asked, or handed its first token).
+    prompt_logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     constraint: Constraint | None = None  # params.grammar's matcher, set by the engine
@@ -192,6 +212,19 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Prompt positions remain whose logits must be kept (so no cached prefix is read)."""
+        return self.prompt_logprobs is not None and \
+            len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+
+    def prompt_positions(self, start: int, end: int) -> range:
+        """The positions in ``[start, end)`` whose logits score a prompt token not scored yet
+        (position p scores token p + 1): a recomputed chunk does not score anything twice."""
+        if self.prompt_logprobs is None:
+            return range(0)
+        return range(max(start, len(self.prompt_logprobs)), min(end, self.num_prompt_tokens - 1))
 
     @property
     def is_finished(self) -> bool:

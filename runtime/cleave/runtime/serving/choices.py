@@ -26,11 +26,14 @@ _INT64_MIN = -(1 << 63)
 
 def child_params(params: SamplingParams, index: int, ranked: bool) -> SamplingParams:
     """Sequence ``index``'s parameters: its own seed; logprobs when the sequences are ranked
-    (best_of > n) and the request did not ask for them (they are dropped again after)."""
+    (best_of > n) and the request did not ask for them (they are dropped again after); the
+    prompt's logprobs on sequence 0 only (the others share them, and read the cached prompt).
+    """
     seed = None if params.seed is None else (params.seed + index - _INT64_MIN) % _INT64 \
         + _INT64_MIN  # stays a signed 64-bit integer, as the API's seeds are
     logprobs = 0 if ranked and params.logprobs is None else params.logprobs
-    return replace(params, seed=seed, logprobs=logprobs)
+    return replace(params, seed=seed, logprobs=logprobs,
+                   prompt_logprobs=params.prompt_logprobs if index == 0 else None)
 
 
 def cumulative_logprob(lines: Sequence[Line]) -> float:

@@ -54,6 +54,12 @@ _USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens":
                                                    _obj({"cached_tokens": _INT})]}},
               ["prompt_tokens", "completion_tokens", "total_tokens"])
 _FINISH: Schema = {"enum": ["stop", "length", "tool_calls"]}
+# vLLM's prompt_logprobs, when asked for: null for the first token, then each token's scores by
+# token id (logprobs.PromptScores.field).
+_PROMPT_LOGPROBS: Schema = {"type": "array", "items": {"anyOf": [{"type": "null"}, {
+    "type": "object", "additionalProperties": _obj(
+        {"logprob": {"type": "number"}, "rank": _INT, "decoded_token": _STRING},
+        ["logprob", "rank", "decoded_token"])}]}}
 
 
 def _nullable(schema: Schema) -> bool:
@@ -100,9 +106,9 @@ def _components(models: Sequence[str], vocab_size: int | None) -> tuple[list[Sch
     return [refs[(m, "validation")] for m in _REQUESTS], defs
 
 
-def _response(obj: str, choice: Schema) -> Schema:
+def _response(obj: str, choice: Schema, **more: Schema) -> Schema:
     return _obj({"id": _STRING, "object": {"const": obj}, "created": _INT, "model": _STRING,
-                 "choices": {"type": "array", "items": choice}, "usage": _USAGE},
+                 "choices": {"type": "array", "items": choice}, "usage": _USAGE, **more},
                 ["id", "object", "created", "model", "choices"])
 
 
@@ -152,7 +158,8 @@ def openapi_document(models: Sequence[str], *, vocab_size: int | None = None) ->
     (completion, chat, tokenize_prompt, tokenize_chat, detokenize), schemas = _components(
         models, vocab_size)
     completion_choice = _obj({"index": _INT, "text": _STRING, "logprobs": _opt("object"),
-                              "finish_reason": _FINISH}, ["index", "text", "finish_reason"])
+                              "finish_reason": _FINISH, "prompt_logprobs": _PROMPT_LOGPROBS},
+                             ["index", "text", "finish_reason"])
     chat_choice = _obj({"index": _INT, "finish_reason": _FINISH, "logprobs": _opt("object"),
                         "message": _obj({"role": {"const": "assistant"},
                                          "content": _opt("string"),
@@ -171,8 +178,8 @@ def openapi_document(models: Sequence[str], *, vocab_size: int | None = None) ->
         "paths": {
             "/v1/completions": _post("Text completion", completion,
                                      _response("text_completion", completion_choice)),
-            "/v1/chat/completions": _post("Chat completion", chat,
-                                          _response("chat.completion", chat_choice)),
+            "/v1/chat/completions": _post("Chat completion", chat, _response(
+                "chat.completion", chat_choice, prompt_logprobs=_PROMPT_LOGPROBS)),
             "/v1/models": _get("Served models", {"application/json": {"schema": _obj(
                 {"object": {"const": "list"}, "data": {"type": "array", "items": model}},
                 ["object", "data"])}}),

@@ -1,5 +1,6 @@
 """Request field types with rules of their own: the completion prompt's forms, stop
-sequences, the token ids a request names, and the fields accepted only at no-op values."""
+sequences, the token ids a request names (and checks them), and the fields accepted only at
+no-op values."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from pydantic import (
     create_model,
 )
 
-from cleave.runtime.engine.sequence import SamplingParams
+from cleave.runtime.engine.sequence import MAX_LOGIT_BIAS, MAX_TOKEN_ID_LIST, SamplingParams
 from cleave.runtime.serving import request_fields
 from cleave.runtime.serving.json_fields import bad
-from cleave.runtime.serving.request_types import Refusal, TokenId, fail
+from cleave.runtime.serving.request_types import Number, Refusal, TokenId, fail
 
 MAX_STOP: Final = 4  # OpenAI's limit on stop sequences
 # Each stop string's length: far beyond any real one, and what keeps checking the output
@@ -77,6 +78,22 @@ Stop = Annotated[
         list[StopText], Field(max_length=MAX_STOP)]),
     Refusal(f"'stop' must be a non-empty string of at most {MAX_STOP_CHARS} characters, or "
             f"up to {MAX_STOP} of them")]
+
+
+# -- token ids -------------------------------------------------------------------------------
+
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=r"^[0-9]+$")],
+         Annotated[Number, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
+    # Keys that are not token ids are refused: pydantic states the pattern, this the refusal.
+    Field(max_length=MAX_TOKEN_ID_LIST, json_schema_extra={"additionalProperties": False}),
+    Refusal(f"'logit_bias' must map token ids (as strings) to biases in [-{MAX_LOGIT_BIAS}, "
+            f"{MAX_LOGIT_BIAS}], at most {MAX_TOKEN_ID_LIST} of them")]
+StopTokenIds = Annotated[
+    tuple[TokenId, ...],
+    Field(max_length=MAX_TOKEN_ID_LIST, description="Extension (vLLM's)."),
+    Refusal(f"'stop_token_ids' must be a list of at most {MAX_TOKEN_ID_LIST} token ids "
+            "(integers >= 0)")]
 
 
 def check_token_ids(params: SamplingParams, vocab_size: int) -> None:

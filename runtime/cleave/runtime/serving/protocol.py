@@ -27,11 +27,9 @@ from pydantic import (
 
 from cleave.runtime.engine.sequence import (
     MAX_CACHE_SALT_CHARS,
-    MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
-    MAX_TOKEN_ID_LIST,
     RequestError,
     SamplingParams,
 )
@@ -55,7 +53,7 @@ from cleave.runtime.serving.json_fields import JSONObject as JSONObject
 from cleave.runtime.serving.json_fields import bad
 from cleave.runtime.serving.prompt_fields import MAX_STOP as MAX_STOP
 from cleave.runtime.serving.prompt_fields import MAX_STOP_CHARS as MAX_STOP_CHARS
-from cleave.runtime.serving.prompt_fields import Prompt, Stop, no_op_fields
+from cleave.runtime.serving.prompt_fields import LogitBias, Prompt, Stop, StopTokenIds, no_op_fields
 from cleave.runtime.serving.prompt_fields import check_token_ids as check_token_ids
 from cleave.runtime.serving.request_types import (
     JSON_INT,
@@ -63,7 +61,6 @@ from cleave.runtime.serving.request_types import (
     Bool,
     Number,
     Refusal,
-    TokenId,
     api_error,
     fail,
 )
@@ -86,13 +83,6 @@ Count = Annotated[int, Strict(), Field(ge=1, le=MAX_CHOICES), JSON_INT]
 MaxTokens = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS_LIMIT), JSON_INT]
 Logprobs = Annotated[int, Strict(), Field(ge=0, le=MAX_LOGPROBS), JSON_INT]
 Penalty = Annotated[Number, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
-LogitBias = Annotated[
-    dict[Annotated[str, Field(pattern=r"^[0-9]+$")],
-         Annotated[Number, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
-    # Keys that are not token ids are refused: pydantic states the pattern, this the refusal.
-    Field(max_length=MAX_TOKEN_ID_LIST, json_schema_extra={"additionalProperties": False}),
-    Refusal(f"'logit_bias' must map token ids (as strings) to biases in [-{MAX_LOGIT_BIAS}, "
-            f"{MAX_LOGIT_BIAS}], at most {MAX_TOKEN_ID_LIST} of them")]
 _STRUCTURED: Final = {"response_format", "structured_outputs", "guided_json", "guided_regex",
                       "guided_choice"}
 
@@ -127,11 +117,7 @@ class _Request(Body):
     min_p: Annotated[Number, Field(ge=0, le=1)] = Field(0.0, description="Extension (vLLM's).")
     min_tokens: Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS_LIMIT), JSON_INT] = Field(
         0, description="Extension (vLLM's): at most max_tokens.")
-    stop_token_ids: Annotated[
-        tuple[TokenId, ...],
-        Field(max_length=MAX_TOKEN_ID_LIST, description="Extension (vLLM's)."),
-        Refusal(f"'stop_token_ids' must be a list of at most {MAX_TOKEN_ID_LIST} token ids "
-                "(integers >= 0)")] = ()
+    stop_token_ids: StopTokenIds = ()
     # Structured outputs (structured_fields.py): at most one of these, and it must compile.
     response_format: ResponseFormat | None = None
     guided_json: GuidedJSON | None = None
@@ -139,6 +125,9 @@ class _Request(Body):
     guided_choice: GuidedChoice | None = None
     structured_outputs: StructuredOutputs | None = Field(
         None, description="Extension (vLLM's): one of its keys.")
+    prompt_logprobs: Logprobs | None = Field(
+        None, description="Extension (vLLM's): each prompt token's logprob and rank, and the "
+        "top k there (not streamed).")
     _grammar: str | None = PrivateAttr(None)
 
     @field_validator("model")
@@ -155,6 +144,8 @@ class _Request(Body):
     def _compile_grammar(self) -> _Request:
         asked = self.model_dump(include=_STRUCTURED, by_alias=True, exclude_none=True)
         self._grammar = structured_fields.grammar(asked)  # APIError naming the field
+        if self.stream and self.prompt_logprobs is not None:  # vLLM refuses it too
+            raise fail("'prompt_logprobs' cannot be streamed", "prompt_logprobs")
         return self
 
     @property
@@ -173,6 +164,16 @@ class _Request(Body):
         """The engine's meaning: None for none, n for the chosen token + top n."""
         raise NotImplementedError
 
+    @property
+    def echo_logprobs(self) -> int | None:
+        """Completions' echo with logprobs: the top n of the prompt's logprobs there."""
+        return None
+
+    def _prompt_logprobs(self) -> int | None:
+        """The engine's top n over the prompt: for the field and for an echo, as vLLM's."""
+        return max((n for n in (self.prompt_logprobs, self.echo_logprobs) if n is not None),
+                   default=None)
+
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """The engine's parameters; ``default_max_tokens`` when the request gives none
         (OpenAI's 16, or what the context allows)."""
@@ -182,7 +183,8 @@ class _Request(Body):
                 max_tokens=default_max_tokens if max_tokens is None else max_tokens,
                 temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
                 seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos,
-                logprobs=self._logprobs(), presence_penalty=self.presence_penalty,
+                logprobs=self._logprobs(), prompt_logprobs=self._prompt_logprobs(),
+                presence_penalty=self.presence_penalty,
                 frequency_penalty=self.frequency_penalty,
                 repetition_penalty=self.repetition_penalty,
                 logit_bias=tuple((int(t), b) for t, b in self.logit_bias.items()),
@@ -200,7 +202,7 @@ class CompletionRequest(_Request):
     prompt: Prompt
     max_tokens: MaxTokens | None = None
     logprobs: Logprobs | None = None
-    echo: Bool = Field(False, description="Not with logprobs (no prompt logprobs).")
+    echo: Bool = Field(False, description="With logprobs, the prompt's come first.")
     best_of: Count | None = Field(None, description="At least n; greater than n only "
                                   "unstreamed.")
     suffix: Annotated[str, Strict(), Field(max_length=0),
@@ -212,9 +214,6 @@ class CompletionRequest(_Request):
             raise fail(f"'best_of' ({self.best_of}) must be at least n ({self.n})", "best_of")
         if self.sequences > self.n and self.stream:
             raise fail("'best_of' greater than n cannot be streamed (as OpenAI's)", "best_of")
-        if self.echo and self.logprobs is not None:
-            raise fail("'echo' with 'logprobs' needs the prompt's logprobs, which this server "
-                       "does not compute", "echo")
         return self
 
     @property
@@ -226,6 +225,10 @@ class CompletionRequest(_Request):
 
     def _logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def echo_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
 
 
 class ChatRequest(_Request):

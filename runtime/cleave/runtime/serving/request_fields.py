@@ -21,11 +21,10 @@ IGNORED: Final = frozenset({"user", "metadata", "prompt_cache_key", "safety_iden
 _NO_OP_COMMON: Final[dict[str, tuple[object, ...]]] = {
     # OpenAI's: storing completions, and a choice of service tier, are not offered.
     "store": (False,), "service_tier": ("auto", "default"),
-    # vLLM's other sampling extensions. prompt_logprobs: the forward computes logits only
-    # where a token is sampled (and cached prefix tokens have none), so they are not offered.
+    # vLLM's other sampling extensions.
     "length_penalty": (1, 1.0), "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
-    "use_beam_search": (False,), "truncate_prompt_tokens": (), "prompt_logprobs": (),
+    "use_beam_search": (False,), "truncate_prompt_tokens": (),
     "allowed_token_ids": (), "bad_words": ([],), "priority": (0,), "request_id": (),
     "logits_processors": (), "return_tokens_as_token_ids": (False,),
     "return_token_ids": (False,), "kv_transfer_params": (),

@@ -1,4 +1,5 @@
-"""OpenAI response shapes: whole responses, stream chunks, usage, logprobs, SSE framing.
+"""OpenAI response shapes: whole responses, stream chunks, usage, SSE framing (logprobs:
+logprobs.py).
 
 Plain dicts in exactly the shapes the official ``openai`` client parses (tests check them with
 its own models). ``StreamWriter`` and ``final_response`` turn the workers' token lines into
@@ -13,6 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from cleave.runtime.engine.sequence import FinishReason, TokenLogprob
+from cleave.runtime.serving.logprobs import MIN_LOGPROB as MIN_LOGPROB
+from cleave.runtime.serving.logprobs import PromptScores, chat_logprobs, line_logprobs
+from cleave.runtime.serving.logprobs import completion_logprobs as completion_logprobs
 from cleave.runtime.serving.tool_parsers import ToolCall, ToolCallStream, ToolDelta, collect
 from cleave.runtime.serving.wire import TokenLine
 
@@ -21,7 +25,6 @@ APIFinishReason = Literal["stop", "length", "tool_calls"]
 TOOL_CALLS: Final = "tool_calls"
 # A new parser per choice (None: the request parses no tool calls).
 ToolStreams = Callable[[], ToolCallStream] | None
-MIN_LOGPROB: Final = -9999.0  # OpenAI's "too unlikely to report"; JSON has no -Infinity
 SSE_DONE: Final = b"data: [DONE]\n\n"
 
 
@@ -73,34 +76,6 @@ def usage(prompt_tokens: int, completion_tokens: int,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": None if cached_tokens is None
             else {"cached_tokens": cached_tokens}}
-
-
-def _lp(logprob: float) -> float:
-    return logprob if logprob >= MIN_LOGPROB else MIN_LOGPROB  # also maps NaN, which fails >=
-
-
-def completion_logprobs(logprobs: Sequence[TokenLogprob], token_text: Callable[[int], str],
-                        text_offset: int = 0) -> JSONObject:
-    """The legacy completions shape; ``text_offset`` is where these tokens start in the text
-    (pass the characters already streamed when building one chunk's logprobs)."""
-    tokens = [token_text(lp.token_id) for lp in logprobs]
-    offsets = []
-    for t in tokens:
-        offsets.append(text_offset)
-        text_offset += len(t)
-    return {"tokens": tokens, "token_logprobs": [_lp(lp.logprob) for lp in logprobs],
-            "top_logprobs": [{token_text(i): _lp(x) for i, x in lp.top} for lp in logprobs],
-            "text_offset": offsets}
-
-
-def chat_logprobs(logprobs: Sequence[TokenLogprob],
-                  token_text: Callable[[int], str]) -> JSONObject:
-    def entry(token_id: int, logprob: float) -> JSONObject:
-        text = token_text(token_id)
-        return {"token": text, "logprob": _lp(logprob), "bytes": list(text.encode())}
-
-    return {"content": [{**entry(lp.token_id, lp.logprob),
-                         "top_logprobs": [entry(i, x) for i, x in lp.top]} for lp in logprobs]}
 
 
 def _envelope(obj: str, request_id: str, created: int, model: str,
@@ -184,10 +159,6 @@ def sse(data: Mapping[str, Any]) -> bytes:
                                   separators=(",", ":")).encode() + b"\n\n"
 
 
-def _line_logprobs(line: TokenLine) -> list[TokenLogprob]:
-    return [TokenLogprob(e.token_id, e.logprob, tuple(e.top)) for e in line.logprobs]
-
-
 def _total_usage(finals: Sequence[TokenLine]) -> JSONObject:
     """One request's usage over its choices: the prompt once, every choice's tokens."""
     first = finals[0]
@@ -201,7 +172,8 @@ class StreamWriter:
 
     def __init__(self, request_id: str, model: str, chat: bool, include_usage: bool,
                  token_text: Callable[[int], str], want_logprobs: bool, *, choices: int = 1,
-                 echo: str = "", tools: ToolStreams = None) -> None:
+                 echo: str = "", tools: ToolStreams = None,
+                 prompt: PromptScores | None = None) -> None:
         self.request_id = request_id
         self.model = model
         self.chat = chat
@@ -215,6 +187,8 @@ class StreamWriter:
         self.offsets = [0] * choices
         self.finals: list[TokenLine] = []
         self.tools = [tools() for _ in range(choices)] if tools is not None else None
+        # Streamed, only an echo shows them (protocol refuses prompt_logprobs with stream).
+        self.prompt = prompt if prompt is not None and prompt.echo_top is not None else None
 
     def chunks(self, line: TokenLine, index: int = 0) -> list[bytes]:
         text = line.text
@@ -224,13 +198,18 @@ class StreamWriter:
             text = self.echo + text
         finished = line.finished
         reason = line.finish_reason if finished else None
-        lps = _line_logprobs(line) if self.want_logprobs else []
+        lps = line_logprobs(line) if self.want_logprobs else []
+        head: list[int] = []
+        if self.prompt is not None:
+            self.prompt.take(line)  # sequence 0's first line comes before any other's
+            if first:
+                head, lps = self.prompt.echoed(lps)
         out: list[bytes] = []
         if self.chat:
             out += self._chat_chunks(text, first, reason, lps, index)
         elif text or finished or lps:
-            logprobs = (completion_logprobs(lps, self.token_text, self.offsets[index])
-                        if lps else None)
+            logprobs = (completion_logprobs(lps, self.token_text, self.offsets[index], head)
+                        if lps or head else None)
             out.append(sse(completion_chunk(self.request_id, self.created, self.model, text,
                                             reason, logprobs, index)))
         self.offsets[index] += len(text)
@@ -269,20 +248,32 @@ def _with_tools(text: str, tools: ToolStreams) -> tuple[str, list[ToolCall]]:
 def final_response(request_id: str, model: str, chat: bool,
                    choices: Sequence[Sequence[TokenLine]],
                    token_text: Callable[[int], str], want_logprobs: bool,
-                   echo: str = "", tools: ToolStreams = None) -> JSONObject:
-    """The whole (non-streamed) response from every line of each finished choice, in order."""
+                   echo: str = "", tools: ToolStreams = None,
+                   prompt: PromptScores | None = None) -> JSONObject:
+    """The whole (non-streamed) response from every line of each finished choice, in order;
+    ``prompt`` has taken its scores from the lines (before any were ranked out)."""
     built = []
+    scores = prompt.field(token_text) if prompt is not None and prompt.top is not None \
+        else None
     for index, lines in enumerate(choices):
         text = echo + "".join(line.text for line in lines)
-        lps = [lp for line in lines for lp in _line_logprobs(line)] if want_logprobs else []
+        lps = [lp for line in lines for lp in line_logprobs(line)] if want_logprobs else []
         reason = lines[-1].finish_reason or "stop"
         if chat:
             text, calls = _with_tools(text, tools)
             built.append(_chat_choice(index, text, reason, chat_logprobs(lps, token_text)
                                       if want_logprobs else None, calls))
-        else:
-            built.append(_completion_choice(index, text, reason, completion_logprobs(
-                lps, token_text, len(echo)) if want_logprobs else None))
+            continue
+        head: list[int] = []
+        if prompt is not None and prompt.echo_top is not None:  # the echo's tokens are scored
+            head, lps = prompt.echoed(lps)
+        built.append(_completion_choice(index, text, reason, completion_logprobs(
+            lps, token_text, 0 if head else len(echo), head) if want_logprobs else None))
+        if scores is not None:  # vLLM's: on each choice
+            built[-1]["prompt_logprobs"] = scores
     obj = "chat.completion" if chat else "text_completion"
-    return {**_envelope(obj, request_id, int(time.time()), model, built),
+    body = {**_envelope(obj, request_id, int(time.time()), model, built),
             "usage": _total_usage([lines[-1] for lines in choices])}
+    if chat and scores is not None:  # vLLM's: on the response
+        body["prompt_logprobs"] = scores
+    return body

@@ -40,6 +40,7 @@ from cleave.runtime.serving.deadline import Deadline
 from cleave.runtime.serving.dispatch import decode_stream
 from cleave.runtime.serving.fleet import Fleet
 from cleave.runtime.serving.internal_auth import bearer
+from cleave.runtime.serving.logprobs import PromptScores
 from cleave.runtime.serving.openapi import openapi_json
 from cleave.runtime.serving.prompt_cache import PromptCache
 from cleave.runtime.serving.protocol import BODY_READ_SECONDS
@@ -271,21 +272,25 @@ class Router:
             tag if count == 1 else f"{tag}-{i}", ids, sequences[i]), count)
         streams = plan.stream if plan is not None else None
         want_lps = params.logprobs is not None
+        prompt = None if params.prompt_logprobs is None else PromptScores(
+            ids[0], parsed.prompt_logprobs, parsed.echo_logprobs)
         body_id = ("chatcmpl-" if chat else "cmpl-") + rid  # vLLM's and OpenAI's prefixes
         if parsed.stream:  # never ranked: protocol refuses best_of > n streamed
             writer = responses.StreamWriter(body_id, self.config.model, chat,
                                             parsed.include_usage, self._token_text,
                                             want_lps, choices=count, echo=echo,
-                                            tools=streams)
+                                            tools=streams, prompt=prompt)
             return await _stream(request, events, writer, rid)
         lines: list[list[TokenLine]] = [[] for _ in range(count)]
         async for index, line in events:
             lines[index].append(line)
+            if prompt is not None:
+                prompt.take(line)  # sequence 0's, which ranking may leave out
         if ranked:
             lines = choices.best(lines, parsed.n)
         return web.json_response(responses.final_response(
             body_id, self.config.model, chat, lines, self._token_text, want_lps, echo,
-            streams))
+            streams, prompt))
 
     def _token_text(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
@@ -314,7 +319,8 @@ class Router:
             else:
                 first = res.first_token
                 metrics.TTFT.labels("router").observe(time.perf_counter() - start)
-                yield TokenLine(text=res.text, token_ids=[first])
+                yield TokenLine(text=res.text, token_ids=[first],
+                                prompt_logprobs=res.prompt_logprobs)
         metrics.ROUTING_DECISIONS.labels(
             "disaggregated" if first is not None else
             "prefill_only" if path.reason == "no_decode_worker" else "decode_only",
@@ -344,8 +350,9 @@ class Router:
             worker = choose_prefill(candidates, self.cache.prefix_key(ids, params.cache_salt))
             if worker is None:
                 return PathChoice(False, "no_prefill_worker")
+        # A request that may not read cached KV computes its whole prompt wherever it goes.
         cached = await self.cache.cached_tokens(ids, params.cache_salt) \
-            if len(ids) >= cfg.disaggregate_min_tokens else 0
+            if len(ids) >= cfg.disaggregate_min_tokens and params.reads_cached_prefix else 0
         predicted = None if worker is None else predicted_prefill_seconds(
             worker, len(ids) - cached, self.fleet.speed.seconds_per_token)
         return choose_path(len(ids), cached, worker is not None, cfg.disaggregate_min_tokens,

@@ -91,6 +91,15 @@ class RoleRequest(_Request):
 
 # -- replies (worker -> router) --------------------------------------------------------------
 
+class LineLogprob(_Reply):
+    """One token's logprob and the likeliest alternatives (token id, logprob); a prompt
+    token's also has its rank."""
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+    rank: int | None = None
+
+
 class PrefillReply(_Reply):
     request_id: str
     first_token: int
@@ -98,13 +107,8 @@ class PrefillReply(_Reply):
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_blocks: int = 0
-
-
-class LineLogprob(_Reply):
-    """One output token's logprob and the likeliest alternatives (token id, logprob)."""
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = []
+    # sampling.prompt_logprobs asked: prompt tokens 1.. scored, as on a TokenLine.
+    prompt_logprobs: list[LineLogprob] | None = None
 
 
 class TokenLine(_Reply):
@@ -120,6 +124,9 @@ class TokenLine(_Reply):
     # prompt_tokens_details). Every line a worker writes has it.
     cached_tokens: int | None = None
     logprobs: list[LineLogprob] = []
+    # sampling.prompt_logprobs asked: prompt tokens 1.. scored, on the line of the first
+    # token only (none on a continuation: its prompt was scored where it was prefilled).
+    prompt_logprobs: list[LineLogprob] | None = None
 
 
 class WorkerStats(_Reply):

@@ -39,7 +39,7 @@ from cleave.common.settings import HttpSettings
 from cleave.runtime import engine_metrics, metrics
 from cleave.runtime.engine.async_engine import AsyncEngine, EngineDeadError, last_output
 from cleave.runtime.engine.outputs import KVHandoff, RequestOutput
-from cleave.runtime.engine.sequence import RequestError, SamplingParams
+from cleave.runtime.engine.sequence import RequestError, SamplingParams, TokenLogprob
 from cleave.runtime.kv_connector import KVBlocksMissing, KVStoreConnector
 from cleave.runtime.serving import http_server
 from cleave.runtime.serving.internal_auth import require_token
@@ -198,7 +198,9 @@ class Worker:
         return _reply(PrefillReply(
             request_id=rid, first_token=handoff.first_token, text=out.new_text,
             num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
-            num_blocks=len(handoff.block_hashes)))
+            num_blocks=len(handoff.block_hashes),
+            prompt_logprobs=None if out.prompt_logprobs is None
+            else _wire(out.prompt_logprobs)))
 
     async def flip(self, request: web.Request) -> web.Response:
         """``POST /internal/role {"role": "prefill"|"decode"}``: change the current role at once.
@@ -286,8 +288,8 @@ class Worker:
             handoff = KVHandoff(block_hashes=[], blocks=[], first_token=first,
                                 earlier_tokens=earlier)
             return self.engine.generate(ids, params, request_id=rid, kv=handoff)
-        cached = await self.connector.load_prefix(ids, params.cache_salt) if self.connector \
-            else None
+        cached = await self.connector.load_prefix(ids, params.cache_salt) \
+            if self.connector and params.reads_cached_prefix else None
         return self.engine.generate(ids, params, request_id=rid, kv=cached)
 
     async def drain(self, grace_seconds: float) -> None:
@@ -313,17 +315,22 @@ async def _read(request: web.Request, kind: type[Message]) -> Message:
         raise RequestError(describe(e)) from None
 
 
+def _wire(lps: list[TokenLogprob]) -> list[LineLogprob]:
+    return [LineLogprob(token_id=lp.token_id, logprob=lp.logprob, top=list(lp.top),
+                        rank=lp.rank) for lp in lps]
+
+
 def _line(out: RequestOutput) -> bytes:
     line = TokenLine(
         token_ids=out.new_token_ids, text=out.new_text, finished=out.finished,
         finish_reason=str(out.finish_reason) if out.finish_reason else None,
         prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
-        cached_tokens=out.num_cached_tokens,
-        logprobs=[LineLogprob(token_id=lp.token_id, logprob=lp.logprob, top=list(lp.top))
-                  for lp in out.new_logprobs or ()])
+        cached_tokens=out.num_cached_tokens, logprobs=_wire(out.new_logprobs),
+        prompt_logprobs=None if out.prompt_logprobs is None else _wire(out.prompt_logprobs))
     # Logprobs are written only when there are some: most lines have none.
-    return line.model_dump_json(exclude=None if out.new_logprobs else {"logprobs"}
-                                ).encode() + b"\n"
+    unset = ({"logprobs"} if not out.new_logprobs else set()) | \
+        ({"prompt_logprobs"} if out.prompt_logprobs is None else set())
+    return line.model_dump_json(exclude=unset or None).encode() + b"\n"
 
 
 async def serve(worker: Worker, host: str, port: int, grace_seconds: float,

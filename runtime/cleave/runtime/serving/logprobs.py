@@ -1,0 +1,107 @@
+"""Logprobs in responses: the legacy completions shape, the chat shape, and the prompt's
+(vLLM's ``prompt_logprobs`` field, and completions' ``echo`` with ``logprobs``).
+
+The engine scores every prompt token but the first (nothing comes before it); the worker sends
+the scores once, on the line of a request's first token (a prefill worker in its reply, which
+the router turns into that line). With ``n`` choices, sequence 0 alone asks for them
+(choices.child_params) and every choice shows them, as vLLM shows its request's on each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from cleave.runtime.engine.sequence import TokenLogprob
+from cleave.runtime.serving.json_fields import APIError
+from cleave.runtime.serving.wire import LineLogprob, TokenLine
+
+JSONObject = dict[str, Any]
+MIN_LOGPROB: Final = -9999.0  # OpenAI's "too unlikely to report"; JSON has no -Infinity
+
+
+def clamped(logprob: float) -> float:
+    return logprob if logprob >= MIN_LOGPROB else MIN_LOGPROB  # also maps NaN, which fails >=
+
+
+def completion_logprobs(logprobs: Sequence[TokenLogprob], token_text: Callable[[int], str],
+                        text_offset: int = 0, unscored: Sequence[int] = ()) -> JSONObject:
+    """The legacy completions shape; ``text_offset`` is where these tokens start in the text
+    (pass the characters already streamed when building one chunk's logprobs), and each next
+    one starts after the text of those before. ``unscored``: tokens in front that have no
+    logprob (an echoed prompt's first), null in both lists as OpenAI's."""
+    tokens = [token_text(t) for t in unscored] + [token_text(lp.token_id) for lp in logprobs]
+    offsets = []
+    for t in tokens:
+        offsets.append(text_offset)
+        text_offset += len(t)
+    none: list[None] = [None] * len(unscored)
+    return {"tokens": tokens,
+            "token_logprobs": [*none, *(clamped(lp.logprob) for lp in logprobs)],
+            "top_logprobs": [*none, *({token_text(i): clamped(x) for i, x in lp.top}
+                                      for lp in logprobs)],
+            "text_offset": offsets}
+
+
+def chat_logprobs(logprobs: Sequence[TokenLogprob],
+                  token_text: Callable[[int], str]) -> JSONObject:
+    def entry(token_id: int, logprob: float) -> JSONObject:
+        text = token_text(token_id)
+        return {"token": text, "logprob": clamped(logprob), "bytes": list(text.encode())}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob),
+                         "top_logprobs": [entry(i, x) for i, x in lp.top]} for lp in logprobs]}
+
+
+def line_logprobs(line: TokenLine) -> list[TokenLogprob]:
+    """A worker line's output logprobs, as the engine's."""
+    return [TokenLogprob(e.token_id, e.logprob, tuple(e.top)) for e in line.logprobs]
+
+
+# -- the prompt's ----------------------------------------------------------------------------
+
+class PromptScores:
+    """One request's prompt logprobs: ``top`` for vLLM's field, ``echo_top`` for an echo's
+    legacy logprobs (None: not asked), and the prompt's first token, echoed unscored."""
+
+    def __init__(self, first_token: int, top: int | None, echo_top: int | None) -> None:
+        self.first_token = first_token
+        self.top = top
+        self.echo_top = echo_top
+        self._entries: list[LineLogprob] | None = None
+
+    def take(self, line: TokenLine) -> None:
+        """Keep the scores a line carries (the first that does: there is one)."""
+        if self._entries is None and line.prompt_logprobs is not None:
+            self._entries = line.prompt_logprobs
+
+    @property
+    def entries(self) -> list[LineLogprob]:
+        if self._entries is None:  # a worker that does not know the field: a bug, not the user's
+            raise APIError(502, "the worker sent no prompt logprobs", "server_error",
+                           code="worker_failed")
+        return self._entries
+
+    def field(self, token_text: Callable[[int], str]) -> list[JSONObject | None]:
+        """vLLM's ``prompt_logprobs``: null for the first token, then for each one
+        ``{token id: {logprob, rank, decoded_token}}``, the prompt's own token first, then the
+        likeliest ``top`` (which may hold it: it is listed once)."""
+        def one(token_id: int, logprob: float, rank: int | None) -> JSONObject:
+            return {"logprob": clamped(logprob), "rank": rank,
+                    "decoded_token": token_text(token_id)}
+
+        out: list[JSONObject | None] = [None]
+        for e in self.entries:
+            scores = {str(e.token_id): one(e.token_id, e.logprob, e.rank)}
+            for rank, (token_id, logprob) in enumerate(e.top[:self.top], start=1):
+                scores.setdefault(str(token_id), one(token_id, logprob, rank))
+            out.append(scores)
+        return out
+
+    def echoed(self, generated: list[TokenLogprob]) -> tuple[list[int], list[TokenLogprob]]:
+        """An echo's legacy logprobs, as (unscored tokens in front, scored ones): the prompt's
+        first token, then the rest of the prompt with its top ``echo_top``, then
+        ``generated``."""
+        prompt = [TokenLogprob(e.token_id, e.logprob, tuple(e.top[:self.echo_top]))
+                  for e in self.entries]
+        return [self.first_token], prompt + generated
