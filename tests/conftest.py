@@ -51,3 +51,22 @@ def tiny_hf_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+
+
+# --- Running the suite on several processes (`pytest -n N`, pytest-xdist; `make unit`) ---
+# Most of the suite's wall time is spent waiting (on servers starting, timeouts, sleeps in
+# fault tests), so a 2-core machine runs it faster on more processes than cores. Tests are
+# handed out a file at a time, so a module's stack (its module-scoped fixtures: servers,
+# clusters) starts once, on one process; tests marked ``xdist_group(NAME)`` share one process
+# whatever their file (the local node takes a machine-wide lock: tests/cluster).
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope: str = super()._split_scope(nodeid)
+            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+
+    return FileScheduling(config, log)  # type: ignore[arg-type]
