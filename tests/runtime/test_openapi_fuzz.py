@@ -1,7 +1,9 @@
 """The generated OpenAPI document and the validation agree on bodies a fuzzer makes up (what a
 schema-driven fuzzer such as schemathesis relies on): any field, known or not, with any JSON
 value. Fields whose remaining rules no schema states (best_of against n, prompt_logprobs not
-streamed, a grammar that must compile, a named tool that must exist) are left out of the pool."""
+streamed, a grammar that must compile, a named tool that must exist) are left out of the pool.
+And the other way: responses built from made-up worker output (any text, any logprob, n choices,
+usage, echo) match the document's response schemas and the openai client's types."""
 
 from __future__ import annotations
 
@@ -15,13 +17,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protocol_support import MODEL, SERVED, chat, completion
 from pydantic import BaseModel
+from response_support import check_reply
 
 from cleave.runtime.serving import protocol as api
+from cleave.runtime.serving import responses
+from cleave.runtime.serving.logprobs import PromptScores
 from cleave.runtime.serving.openapi import openapi_document
+from cleave.runtime.serving.wire import LineLogprob, TokenLine
 
 CROSS_RULES = {"best_of", "prompt_logprobs", "tools", "tool_choice", "response_format",
-               "guided_json", "guided_regex", "guided_choice", "structured_outputs", "messages",
-               "prompt"}
+               "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+               "structured_outputs", "messages", "prompt"}
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 300), st.sampled_from([1 << 63, -(1 << 63) - 1]),
     st.floats(-3, 3, allow_nan=False), st.floats(0.5, 1.5).map(round),
@@ -80,3 +86,64 @@ def test_token_ids_are_bounded_by_the_vocabulary_when_known(vocab: int | None) -
         {**doc["components"]["schemas"]["CompletionRequest"], "components": doc["components"]})
     assert validator.is_valid(completion(prompt=[99]))
     assert validator.is_valid(completion(prompt=[100])) == (vocab is None)
+
+
+LOGPROBS = st.one_of(st.floats(max_value=0), st.just(float("nan")))  # -inf included
+
+
+@st.composite
+def _lines(draw: st.DrawFn, choices: int, logprobs: bool) -> list[list[TokenLine]]:
+    """What workers might send for each choice: text pieces, logprobs, a last line."""
+    out = []
+    for _ in range(choices):
+        texts = draw(st.lists(st.text(max_size=4), min_size=1, max_size=3))
+        out.append([TokenLine(
+            token_ids=[i], text=t, finished=i == len(texts) - 1,
+            finish_reason=draw(st.sampled_from(["stop", "length", "abort"]))
+            if i == len(texts) - 1 else None,
+            prompt_tokens=3, completion_tokens=i + 1,
+            cached_tokens=draw(st.sampled_from([None, 0, 2])),
+            logprobs=[LineLogprob(token_id=i, logprob=draw(LOGPROBS),
+                                  top=[(7, draw(LOGPROBS))])] if logprobs else [])
+            for i, t in enumerate(texts)])
+    return out
+
+
+def _scored(lines: list[list[TokenLine]], data: st.DataObject) -> list[list[TokenLine]]:
+    """Sequence 0's first line with the prompt's scores, as a worker sends them."""
+    entries = [LineLogprob(token_id=t, logprob=data.draw(LOGPROBS), rank=data.draw(
+        st.integers(1, 9)), top=[(t + 1, data.draw(LOGPROBS))]) for t in (4, 5)]
+    first = lines[0][0].model_copy(update={"prompt_logprobs": entries})
+    return [[first, *lines[0][1:]], *lines[1:]]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans(), st.integers(1, 3), st.booleans(), st.booleans(), st.text(max_size=3),
+       st.booleans(), st.data())
+def test_built_responses_match_the_document(is_chat: bool, n: int, include_usage: bool,
+                                            logprobs: bool, echo: str, prompt_top: bool,
+                                            data: st.DataObject) -> None:
+    """Prompt scores as the router asks for them: vLLM's field (``prompt_top``, not streamed),
+    and a completion's echo with logprobs."""
+    lines = data.draw(_lines(n, logprobs))
+    echo_top = 1 if logprobs and echo and not is_chat else None
+
+    def scores(streamed: bool) -> PromptScores | None:
+        top = None if streamed or not prompt_top else 2
+        return None if top is None and echo_top is None else PromptScores(3, top, echo_top)
+
+    if prompt_top or echo_top is not None:
+        lines = _scored(lines, data)
+    path = "/v1/chat/completions" if is_chat else "/v1/completions"
+    token_text = "tok{}é".format
+    writer = responses.StreamWriter("id-1", MODEL, is_chat, include_usage, token_text, logprobs,
+                                    choices=n, echo=echo, prompt=scores(True))
+    frames = [f for index, choice in enumerate(lines) for line in choice
+              for f in writer.chunks(line, index)]
+    check_reply("POST", path, 200, "text/event-stream", b"".join(frames) + responses.SSE_DONE)
+    prompt = scores(False)
+    if prompt is not None:
+        prompt.take(lines[0][0])
+    whole = responses.final_response("id-1", MODEL, is_chat, lines, token_text, logprobs, echo,
+                                     prompt=prompt)
+    check_reply("POST", path, 200, "application/json", whole.model_dump_json().encode())

@@ -13,6 +13,7 @@ from protocol_support import CHAT, CHAT_BAD, COMPLETION_BAD, MODEL, SERVED, chat
 
 from cleave.runtime.engine.sequence import FinishReason, TokenLogprob
 from cleave.runtime.serving import protocol as api
+from cleave.runtime.serving import response_models as rm
 from cleave.runtime.serving import responses
 from cleave.runtime.serving.openapi import openapi_document, openapi_json
 
@@ -45,8 +46,13 @@ def client_for(replies: list[bytes | dict[str, Any]], status: int = 200,
                          _strict_response_validation=strict)
 
 
+def wire(body: rm.Wire) -> Any:
+    """The body as a client reads it."""
+    return json.loads(body.model_dump_json())
+
+
 def test_usage() -> None:
-    assert responses.usage(10, 4, cached_tokens=8) == {
+    assert wire(responses.usage(10, 4, cached_tokens=8)) == {
         "prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
         "prompt_tokens_details": {"cached_tokens": 8}}
 
@@ -61,9 +67,11 @@ def test_finish_reasons(reason: FinishReason | str, expected: str) -> None:
 
 def test_completion_response() -> None:
     logprobs = responses.completion_logprobs(LOGPROBS, TOKENS.__getitem__)
-    body = responses.completion_response("cmpl-1", 1700, MODEL, "Hel wörld", FinishReason.LENGTH,
-                                   responses.usage(5, 2, 4), logprobs)
-    json.dumps(body, allow_nan=False)
+    body = wire(rm.Completion(id="cmpl-1", created=1700, model=MODEL, choices=[
+        rm.CompletionChoice(index=0, text="Hel wörld",
+                            logprobs=rm.CompletionLogprobs.model_validate(logprobs),
+                            finish_reason=responses.api_finish_reason(FinishReason.LENGTH))],
+        usage=responses.usage(5, 2, 4)))
     parsed = openai.types.Completion.model_validate(body)
     assert parsed.choices[0].finish_reason == "length"
     assert parsed.usage is not None and parsed.usage.prompt_tokens_details is not None
@@ -85,9 +93,11 @@ def test_completion_logprobs_offset_continues_a_stream() -> None:
 
 def test_chat_response() -> None:
     logprobs = responses.chat_logprobs(LOGPROBS, TOKENS.__getitem__)
-    body = responses.chat_response("chatcmpl-1", 1700, MODEL, "Hel wörld", FinishReason.STOP,
-                             responses.usage(5, 2), logprobs)
-    json.dumps(body, allow_nan=False)
+    body = wire(rm.ChatCompletion(id="chatcmpl-1", created=1700, model=MODEL, choices=[
+        rm.ChatCompletionChoice(index=0, message=rm.ChatCompletionMessage(content="Hel wörld"),
+                                logprobs=rm.ChoiceLogprobs.model_validate(logprobs),
+                                finish_reason="stop")],
+        usage=responses.usage(5, 2)))
     parsed = openai.types.chat.ChatCompletion.model_validate(body)
     assert parsed.choices[0].message.content == "Hel wörld"
     assert parsed.choices[0].message.role == "assistant"
@@ -103,7 +113,7 @@ def test_chat_response() -> None:
 
 
 def test_models_list() -> None:
-    body = responses.models_list(["a", "b"], 1700, 4096, "org/model")
+    body = wire(responses.models_list(["a", "b"], 1700, 4096, "org/model"))
     for item in body["data"]:
         openai.types.Model.model_validate(item)
     models = list(client_for([body]).models.list())
@@ -114,17 +124,18 @@ def test_models_list() -> None:
 
 def test_completion_stream() -> None:
     lp = responses.completion_logprobs(LOGPROBS[:1], TOKENS.__getitem__)
-    chunks = [responses.completion_chunk("c", 1, MODEL, "Hel", logprobs=lp),
+    models = [responses.completion_chunk("c", 1, MODEL, "Hel", logprobs=lp),
               responses.completion_chunk("c", 1, MODEL, " wörld"),
               responses.completion_chunk("c", 1, MODEL, "", FinishReason.STOP),
               responses.usage_chunk("c", 1, MODEL, responses.usage(3, 2), chat=False)]
+    chunks = [wire(c) for c in models]
     openai.types.Completion.model_validate(chunks[-2])
     openai.types.Completion.model_validate(chunks[-1])
     # The client types a completion choice's finish_reason as never null, yet OpenAI itself
     # streams null until the last chunk, as we do; so the stream is read the way the client
     # normally reads it (unvalidated), and only the chunks with a reason validate strictly.
     assert chunks[0]["choices"][0]["finish_reason"] is None
-    stream = b"".join(map(responses.sse, chunks)) + responses.SSE_DONE
+    stream = b"".join(map(responses.sse, models)) + responses.SSE_DONE
     got = list(client_for([stream], strict=False).completions.create(
         model=MODEL, prompt="x", stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in got if c.choices) == "Hel wörld"
@@ -134,18 +145,19 @@ def test_completion_stream() -> None:
 
 
 def test_chat_stream() -> None:
-    chunks = [responses.chat_chunk("c", 1, MODEL, None, role_first=True),
+    models = [responses.chat_chunk("c", 1, MODEL, None, role_first=True),
               responses.chat_chunk("c", 1, MODEL, "Hel", role_first=False),
               responses.chat_chunk("c", 1, MODEL, " wörld", role_first=False,
                              logprobs=responses.chat_logprobs(LOGPROBS[1:], TOKENS.__getitem__)),
               responses.chat_chunk("c", 1, MODEL, None, role_first=False,
                              finish_reason=FinishReason.LENGTH),
               responses.usage_chunk("c", 1, MODEL, responses.usage(3, 2), chat=True)]
+    chunks = [wire(c) for c in models]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert chunks[3]["choices"][0]["delta"] == {}
     for c in chunks:
         openai.types.chat.ChatCompletionChunk.model_validate(c)
-    stream = b"".join(map(responses.sse, chunks)) + responses.SSE_DONE
+    stream = b"".join(map(responses.sse, models)) + responses.SSE_DONE
     got = list(client_for([stream]).chat.completions.create(
         model=MODEL, messages=CHAT, stream=True, stream_options={"include_usage": True}))
     assert got[0].choices[0].delta.role == "assistant"
@@ -155,7 +167,7 @@ def test_chat_stream() -> None:
 
 
 def test_role_and_text_in_one_chunk() -> None:
-    chunk = responses.chat_chunk("c", 1, MODEL, "Hi", role_first=True)
+    chunk = wire(responses.chat_chunk("c", 1, MODEL, "Hi", role_first=True))
     assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": "Hi"}
 
 
@@ -175,14 +187,21 @@ def test_errors_reach_the_client(err: api.APIError, exc: str) -> None:
 # -- framing and the OpenAPI document -------------------------------------------------------
 
 def test_sse_framing() -> None:
-    frame = responses.sse({"text": "wörld", "n": 1})
-    assert frame == 'data: {"text":"wörld","n":1}\n\n'.encode()
-    assert frame.endswith(b"\n\n") and frame.count(b"\n") == 2
-    assert json.loads(frame[len(b"data: "):]) == {"text": "wörld", "n": 1}
-    assert responses.sse({"text": "a\nb"}).count(b"\n") == 2  # newlines inside stay escaped
+    frame = responses.sse(rm.CompletionUsage.of(3, 1, None))
+    assert frame == (b'data: {"prompt_tokens":3,"completion_tokens":1,"total_tokens":4,'
+                     b'"prompt_tokens_details":null}\n\n')
+    text = responses.sse(rm.DetokenizeResponse(prompt="wörld\n"))
+    assert text == 'data: {"prompt":"wörld\\n"}\n\n'.encode()  # newlines inside stay escaped
+    assert text.count(b"\n") == 2
     assert responses.SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_logprobs_are_always_json_numbers() -> None:
+    """-inf and NaN become OpenAI's floor (JSON has neither); +inf is no logprob at all."""
+    entry = rm.TopLogprob(token="a", logprob=math.nan, bytes=[97])
+    assert entry.logprob == responses.MIN_LOGPROB
     with pytest.raises(ValueError):
-        responses.sse({"x": math.nan})
+        rm.TopLogprob(token="a", logprob=math.inf, bytes=[97])
 
 
 def test_openapi_document() -> None:

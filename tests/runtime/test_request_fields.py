@@ -26,7 +26,7 @@ def _schema(path: str) -> dict[str, Any]:
     ("max_token", 5),  # a typo must not silently mean the default
     ("min_p", 1.1), ("repetition_penalty", 0), ("min_tokens", -1), ("stop_token_ids", [-2]),
     ("length_penalty", 2), ("prompt_logprobs", 21),  # beyond the 20 logprobs takes too
-    ("guided_grammar", "root ::= \"a\""), ("guided_whitespace_pattern", " "),
+    ("guided_whitespace_pattern", " "), ("structural_tag", "{}"), ("guided_grammar", ""),
     ("guided_choice", []), ("guided_regex", ""),  # honoured since issue 16 item 3, not these
     ("use_beam_search", True), ("include_stop_str_in_output", True),
     ("repetition_penalty", True),  # JSON's true is not 1

@@ -87,12 +87,13 @@ def test_final_response_with_choices_and_echo() -> None:
     body = responses.final_response("cmpl-1", "m", False,
                                     [[_line("a"), _line("b", True, 2)], [_line("c", True, 1)]],
                                     str, False, echo="P ")
-    parsed = Completion.model_validate(body)
+    parsed = Completion.model_validate_json(body.model_dump_json())
     assert [(c.index, c.text) for c in parsed.choices] == [(0, "P ab"), (1, "P c")]
     assert parsed.usage is not None
     assert (parsed.usage.prompt_tokens, parsed.usage.completion_tokens) == (5, 3)
-    chat = ChatCompletion.model_validate(responses.final_response(
-        "chatcmpl-1", "m", True, [[_line("x", True)], [_line("y", True)]], str, False))
+    chat = ChatCompletion.model_validate_json(responses.final_response(
+        "chatcmpl-1", "m", True, [[_line("x", True)], [_line("y", True)]], str,
+        False).model_dump_json())
     assert [c.message.content for c in chat.choices] == ["x", "y"]
 
 

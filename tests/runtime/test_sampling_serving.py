@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 import torch
+from response_support import checked_client
 from serving_stack import Stack, start_stack
 from test_serving import DECISIONS, _metric
 
@@ -45,7 +46,7 @@ def reference(tiny_model_dir: Path) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+    return checked_client(stack.base_url)  # every response held to the schema
 
 
 def _engine_params(max_tokens: int, seed: int, temperature: float) -> SamplingParams:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from response_support import checked_client, checked_post
 from serving_stack import Stack, post_raw, start_stack
 
 from cleave.common import metric_names as names
@@ -36,7 +37,10 @@ def reference(tiny_model_dir: Path) -> LLMEngine:
                                   kv_cache_bytes=1 << 23), progress=lambda _: None)
 
 
-def _client(stack: Stack) -> openai.OpenAI:
+def _client(stack: Stack, checked: bool = True) -> openai.OpenAI:
+    """``checked``: every response held to the schema (read whole as it arrives)."""
+    if checked:
+        return checked_client(stack.base_url)
     return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
 
 
@@ -102,7 +106,7 @@ def test_models_and_probes(stack: Stack) -> None:
 ])
 def test_bad_requests_get_openai_shaped_errors(stack: Stack, body: bytes, status: int,
                                                param: str | None) -> None:
-    code, reply = post_raw(stack.base_url + "/completions", body)
+    code, reply = checked_post(stack.base_url + "/completions", body)
     assert code == status
     error = reply["error"]
     assert isinstance(error, dict) and error["message"] and error["type"]
@@ -193,7 +197,7 @@ def test_only_prefill_worker_down_is_served_decode_only(own_stack: Stack,
 def test_decode_worker_killed_mid_stream_ends_clearly(own_stack: Stack,
                                                       reference: LLMEngine) -> None:
     decode = next(w for w in own_stack.workers if w.name.startswith("decode"))
-    client = _client(own_stack)
+    client = _client(own_stack, checked=False)  # read as it comes: the kill is mid-stream
     [want] = reference.generate([LONG], SamplingParams(max_tokens=300, ignore_eos=True))
     stream = client.completions.create(model="tiny", prompt=LONG, max_tokens=300,
                                        temperature=0, stream=True,
@@ -236,8 +240,8 @@ def _stats(url: str) -> dict[str, float]:
 
 def test_client_disconnect_frees_the_request_everywhere(stack: Stack) -> None:
     decode = next(w for w in stack.workers if w.name.startswith("decode"))
-    stream = _client(stack).completions.create(model="tiny", prompt=LONG, max_tokens=300,
-                                               temperature=0, stream=True)
+    stream = _client(stack, checked=False).completions.create(  # read as it comes
+        model="tiny", prompt=LONG, max_tokens=300, temperature=0, stream=True)
     for i, _chunk in enumerate(stream):
         if i == 2:
             break
@@ -313,8 +317,8 @@ def test_sigterm_drains_in_flight_requests(own_stack: Stack) -> None:
     import signal as sig
 
     decode = next(w for w in own_stack.workers if w.name.startswith("decode"))
-    stream = _client(own_stack).completions.create(model="tiny", prompt=SHORT, max_tokens=480,
-                                                   temperature=0, stream=True)
+    stream = _client(own_stack, checked=False).completions.create(  # read as it comes
+        model="tiny", prompt=SHORT, max_tokens=480, temperature=0, stream=True)
     chunks = iter(stream)
     next(chunks)
     decode.proc.send_signal(sig.SIGTERM)  # mid-request: it must finish, not be cut off

@@ -72,7 +72,10 @@ def test_regex_choice_and_json_object(engine: Any) -> None:
             ({"guided_choice": ["yes", "no \"quoted\"", "été"]},
              lambda t: t in ("yes", "no \"quoted\"", "été")),
             ({"response_format": {"type": "json_object"}},
-             lambda t: isinstance(json.loads(t), dict))):
+             lambda t: isinstance(json.loads(t), dict)),
+            # vLLM's grammars: GBNF (llama.cpp's, xgrammar's) as well as Lark's syntax
+            ({"guided_grammar": 'root ::= [a-c] [a-c]? "=" ("0" | "1")'},
+             lambda t: re.fullmatch(r"[a-c]{1,2}=[01]", t))):
         for seed in (4, 5):
             params = SamplingParams(max_tokens=300, temperature=1.0, seed=seed,
                                     grammar=_grammar(**body),

@@ -1,5 +1,7 @@
 """Structured outputs through the whole platform (issue 16 item 3), with the official ``openai``
-client: real prefill and decode worker processes, a real redis-server and the router.
+client: real prefill and decode worker processes, a real redis-server and the router; and on the
+same stack, vLLM's chat ``echo`` and every kind of response the router sends, each held to the
+OpenAPI document and the client's types (response_support.py).
 
 The tiny model is random, so whatever it produces is the grammar's doing: a parsed pydantic
 object, one of the choices, a regex match. A long prompt seen for the first time is split (the
@@ -20,6 +22,7 @@ from typing import Any, Literal
 import openai
 import pytest
 from pydantic import BaseModel, Field
+from response_support import CHECKED, checked_client, checked_get, checked_post
 from serving_stack import Stack, post_raw, start_stack
 from test_serving import DECISIONS, _metric
 
@@ -42,7 +45,7 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+    return checked_client(stack.base_url)  # every response held to the schema
 
 
 def _split_then_whole(stack: Stack, ask: Any) -> list[Any]:
@@ -122,6 +125,9 @@ def test_streamed_chat_with_a_schema_parses(client: openai.OpenAI) -> None:
      "response_format"),
     ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice"),  # the second named
     ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos"),
+    ({"guided_grammar": "start: nope"}, "guided_grammar"),  # Lark: an unknown rule
+    ({"guided_grammar": "root ::= ("}, "guided_grammar"),  # GBNF that does not parse
+    ({"structured_outputs": {"grammar": "start: ("}}, "structured_outputs"),
 ])
 def test_a_bad_structured_output_is_a_400_naming_the_field(client: openai.OpenAI,
                                                           extra: dict[str, Any],
@@ -130,3 +136,89 @@ def test_a_bad_structured_output_is_a_400_naming_the_field(client: openai.OpenAI
         client.completions.create(model="tiny", prompt="hi", max_tokens=5, extra_body=extra)
     error = refused.value.body
     assert isinstance(error, dict) and error["param"] == field
+    assert field in error["message"]
+
+
+def test_guided_grammar_lark_and_gbnf(stack: Stack, client: openai.OpenAI) -> None:
+    """vLLM's grammars, in Lark's syntax and in GBNF, on both endpoints; split and whole."""
+    pattern = r"(yes|no)-[a-c]{1,3}"
+    for extra in ({"guided_grammar": 'start: ("yes" | "no") "-" /[a-c]{1,3}/'},
+                  {"structured_outputs": {"grammar": 'root ::= ("yes" | "no") "-" [a-c] '
+                                                     '[a-c]? [a-c]?'}}):
+        def ask(prompt: str, extra: dict[str, Any] = extra) -> str:
+            got = client.completions.create(model="tiny", prompt=prompt, max_tokens=20,
+                                            temperature=1.0, seed=5, extra_body=extra)
+            assert got.choices[0].finish_reason == "stop"
+            return got.choices[0].text
+
+        texts = _split_then_whole(stack, ask)
+        assert texts[0] == texts[1] and re.fullmatch(pattern, texts[0]), (extra, texts)
+        chat = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
+            temperature=1.0, seed=6, stream=True, extra_body=extra)
+        text = "".join(c.choices[0].delta.content or "" for c in chat if c.choices)
+        assert re.fullmatch(pattern, text), (extra, text)
+
+
+def test_chat_echo_starts_with_the_assistant_s_last_message(client: openai.OpenAI) -> None:
+    """vLLM's echo: the last message's content, when it is the assistant's, in front of each
+    choice's (not counted as completion tokens); any other last message: nothing."""
+    start = [{"type": "text", "text": "The answer"}, {"type": "text", "text": "is"}]
+    messages: Any = [{"role": "user", "content": "Question?"},
+                     {"role": "assistant", "content": start}]
+    asked: Any = {"model": "tiny", "messages": messages, "max_tokens": 6, "temperature": 0}
+    plain = client.chat.completions.create(**asked)
+    echoed = client.chat.completions.create(**asked, n=2, extra_body={"echo": True})
+    answer = plain.choices[0].message.content
+    assert answer  # the greedy continuation, without echo
+    assert [c.message.content for c in echoed.choices] == ["The answer\nis" + answer] * 2
+    assert echoed.usage is not None and plain.usage is not None
+    assert echoed.usage.completion_tokens == 2 * plain.usage.completion_tokens
+    chunks = list(client.chat.completions.create(**asked, n=2, stream=True,
+                                                 extra_body={"echo": True}))
+    for index in (0, 1):
+        deltas = [c.choices[0].delta.content or "" for c in chunks
+                  if c.choices and c.choices[0].index == index]
+        assert "".join(deltas) == "The answer\nis" + answer
+    user_last = {**asked, "messages": messages[:1]}
+    assert (client.chat.completions.create(**user_last, extra_body={"echo": True})
+            .choices[0].message.content
+            == client.chat.completions.create(**user_last).choices[0].message.content)
+
+
+def test_every_kind_of_response_matches_the_document(stack: Stack,
+                                                     client: openai.OpenAI) -> None:
+    """One of each body the router sends (options that change the shape: n, logprobs, usage
+    chunks, echo, best_of), through the checked client and checked calls: each matched its
+    schema and the client's types as it arrived."""
+    assert stack.router is not None
+    url = stack.router.url
+    before = CHECKED.copy()
+    common: Any = {"model": "tiny", "max_tokens": 4, "temperature": 1.0, "seed": 1}
+    chat: Any = {**common, "messages": [{"role": "user", "content": "hi"}]}
+    client.completions.create(**common, prompt="hi", n=2, logprobs=2)
+    client.completions.create(**common, prompt="hi", echo=True, best_of=3)
+    list(client.completions.create(**common, prompt="hi", n=2, logprobs=2, stream=True,
+                                   stream_options={"include_usage": True}))
+    client.chat.completions.create(**chat, n=2, logprobs=True, top_logprobs=2)
+    list(client.chat.completions.create(**chat, n=2, logprobs=True, top_logprobs=2,
+                                        stream=True, stream_options={"include_usage": True}))
+    list(client.models.list())
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(**{**common, "model": "nope"}, prompt="hi")
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(**chat, n=0)
+    tokens = checked_post(url + "/tokenize", b'{"prompt": "hi"}')[1]["tokens"]
+    checked_post(url + "/tokenize", json.dumps({"messages": chat["messages"]}).encode())
+    assert checked_post(url + "/detokenize", json.dumps({"tokens": tokens}).encode())[0] == 200
+    assert checked_post(url + "/detokenize", b'{"tokens": [-1]}')[0] == 400
+    for path in ("/version", "/health", "/ready"):
+        assert checked_get(url + path)[0] == 200
+    json_ok, stream_ok = "200 application/json", "200 text/event-stream"
+    assert set(CHECKED - before) == {
+        f"/v1/completions {json_ok}", f"/v1/completions {stream_ok}",
+        f"/v1/chat/completions {json_ok}", f"/v1/chat/completions {stream_ok}",
+        f"/v1/models {json_ok}", "/v1/completions 404 application/json",
+        "/v1/chat/completions 400 application/json", f"/tokenize {json_ok}",
+        f"/detokenize {json_ok}", "/detokenize 400 application/json", f"/version {json_ok}",
+        f"/health {json_ok}", f"/ready {json_ok}"}

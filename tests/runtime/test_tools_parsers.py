@@ -192,8 +192,8 @@ def test_responses_whole_and_streamed_agree_in_openai_s_shapes(size: int) -> Non
 
     plan = tools.ToolPlan(HERMES, None, False)
     lines = _lines(HERMES_TWO, size)
-    whole = ChatCompletion.model_validate(responses.final_response(
-        "chatcmpl-1", "m", True, [lines], str, False, tools=plan.stream))
+    whole = ChatCompletion.model_validate_json(responses.final_response(
+        "chatcmpl-1", "m", True, [lines], str, False, tools=plan.stream).model_dump_json())
     [choice] = whole.choices
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check.\n"
     calls = choice.message.tool_calls or []

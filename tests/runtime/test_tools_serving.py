@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from response_support import checked_client, checked_post
 from serving_stack import Stack, start_stack
 from transformers import AutoTokenizer
 
@@ -67,7 +67,7 @@ def stack(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+    return checked_client(stack.base_url)  # every response held to the schema
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +80,9 @@ def close_brace(tool_model: Path) -> dict[str, float]:
 
 def _post(stack: Stack, path: str, body: dict[str, Any]) -> Any:
     assert stack.router is not None
-    req = urllib.request.Request(stack.router.url + path, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
+    status, reply = checked_post(stack.router.url + path, json.dumps(body).encode())
+    assert status == 200, reply
+    return reply
 
 
 def test_a_tool_call_round_trips(stack: Stack, client: openai.OpenAI,

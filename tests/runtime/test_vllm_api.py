@@ -141,8 +141,7 @@ def test_vllms_extensions_are_refused_by_name_through_the_client(tokenizer: _Wit
     async def test(client: TestClient[Any, Any]) -> None:
         api = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused",
                                  max_retries=0)
-        for extra in ({"prompt_logprobs": 21}, {"guided_grammar": "root ::= \"a\""},
-                      {"max_token": 5}):
+        for extra in ({"prompt_logprobs": 21}, {"structural_tag": "{}"}, {"max_token": 5}):
             with pytest.raises(openai.BadRequestError) as refused:
                 await api.completions.create(model="tiny", prompt=TEXT, extra_body=extra)
             error = refused.value.body

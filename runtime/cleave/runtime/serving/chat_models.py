@@ -7,6 +7,7 @@ them (openapi.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
@@ -122,6 +123,13 @@ class AssistantMessage(_Message):
         return out
 
 
+def continued(messages: Sequence[_Message]) -> str:
+    """What chat's ``echo`` puts in front of each choice's content (vLLM's): the last message's,
+    when it is the assistant's (the answer continues it, as the same role)."""
+    last = messages[-1]
+    return last.content if isinstance(last, AssistantMessage) else ""
+
+
 def _role_tag(v: Any) -> str | None:
     if not isinstance(v, dict):
         return "<plain>"  # refused there as not an object
@@ -212,6 +220,9 @@ GuidedJSON = Annotated[dict[str, Any] | Text, Refusal(
     "'guided_json' must be a JSON schema (an object), or its JSON text"),
     Field(description="Extension (vLLM's): a JSON schema, or its JSON text.")]
 GuidedRegex = Annotated[str, Strict(), Field(min_length=1, description="Extension (vLLM's).")]
+GuidedGrammar = Annotated[str, Strict(), Field(
+    min_length=1, description="Extension (vLLM's): a grammar in Lark's syntax or GBNF "
+    "(llguidance's dialects: docs/architecture.md, Structured outputs).")]
 GuidedChoice = Annotated[
     list[Annotated[str, Strict(), Field(min_length=1)]],
     Field(min_length=1, description="Extension (vLLM's): the output is one of these."),
@@ -224,4 +235,5 @@ class StructuredOutputs(Body):
     json_: GuidedJSON | None = Field(None, alias="json")
     regex: GuidedRegex | None = None
     choice: GuidedChoice | None = None
+    grammar: GuidedGrammar | None = None
     json_object: Literal[True] | None = None

@@ -25,9 +25,12 @@ class APIError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> JSONObject:
+    def reply(self) -> ErrorReply:
         return ErrorReply(error=ErrorDetail(message=self.message, type=self.type,
-                                            param=self.param, code=self.code)).model_dump()
+                                            param=self.param, code=self.code))
+
+    def body(self) -> JSONObject:
+        return self.reply().model_dump()
 
 
 def bad(param: str | None, message: str) -> APIError:

@@ -10,18 +10,16 @@ the router turns into that line). With ``n`` choices, sequence 0 alone asks for 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 from cleave.runtime.engine.sequence import TokenLogprob
 from cleave.runtime.serving.json_fields import APIError
+from cleave.runtime.serving.response_models import MIN_LOGPROB as MIN_LOGPROB
 from cleave.runtime.serving.wire import LineLogprob, TokenLine
 
+# Plain dicts in the shapes of response_models.py, whose models validate each response whole
+# (and clamp -inf and NaN logprobs to MIN_LOGPROB: JSON has neither).
 JSONObject = dict[str, Any]
-MIN_LOGPROB: Final = -9999.0  # OpenAI's "too unlikely to report"; JSON has no -Infinity
-
-
-def clamped(logprob: float) -> float:
-    return logprob if logprob >= MIN_LOGPROB else MIN_LOGPROB  # also maps NaN, which fails >=
 
 
 def completion_logprobs(logprobs: Sequence[TokenLogprob], token_text: Callable[[int], str],
@@ -37,8 +35,8 @@ def completion_logprobs(logprobs: Sequence[TokenLogprob], token_text: Callable[[
         text_offset += len(t)
     none: list[None] = [None] * len(unscored)
     return {"tokens": tokens,
-            "token_logprobs": [*none, *(clamped(lp.logprob) for lp in logprobs)],
-            "top_logprobs": [*none, *({token_text(i): clamped(x) for i, x in lp.top}
+            "token_logprobs": [*none, *(lp.logprob for lp in logprobs)],
+            "top_logprobs": [*none, *({token_text(i): x for i, x in lp.top}
                                       for lp in logprobs)],
             "text_offset": offsets}
 
@@ -47,7 +45,7 @@ def chat_logprobs(logprobs: Sequence[TokenLogprob],
                   token_text: Callable[[int], str]) -> JSONObject:
     def entry(token_id: int, logprob: float) -> JSONObject:
         text = token_text(token_id)
-        return {"token": text, "logprob": clamped(logprob), "bytes": list(text.encode())}
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
     return {"content": [{**entry(lp.token_id, lp.logprob),
                          "top_logprobs": [entry(i, x) for i, x in lp.top]} for lp in logprobs]}
@@ -87,7 +85,7 @@ class PromptScores:
         ``{token id: {logprob, rank, decoded_token}}``, the prompt's own token first, then the
         likeliest ``top`` (which may hold it: it is listed once)."""
         def one(token_id: int, logprob: float, rank: int | None) -> JSONObject:
-            return {"logprob": clamped(logprob), "rank": rank,
+            return {"logprob": logprob, "rank": rank,
                     "decoded_token": token_text(token_id)}
 
         out: list[JSONObject | None] = [None]

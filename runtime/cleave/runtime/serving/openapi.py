@@ -1,14 +1,16 @@
-"""The router's OpenAPI 3.1 document, generated from the request models that validate
-(protocol.py, vllm_models.py) and the one error format (wire.ErrorReply).
+"""The router's OpenAPI 3.1 document, generated from the models that validate its requests
+(protocol.py, vllm_models.py) and build its responses (response_models.py, and wire.ErrorReply,
+the one error format).
 
 Schema and validation agree field for field because they are one definition: a fuzzer sends
 what the schema allows and expects it served, and what it forbids and expects a 4xx (tests
-check it). Two things are added here: the served model names (``model``'s enum), and JSON
-null on every optional field (the models drop it before validating: request_types.Body).
+check it); every body the router sends validates against its response schema (tests check that
+too). Two things are added to the requests here: the served model names (``model``'s enum), and
+JSON null on every optional field (the models drop it before validating: request_types.Body).
 Rules no schema can state (at most one structured output, a grammar that compiles, prompt plus
 max_tokens within the context, token ids below the vocabulary size when that is not given here)
-are the validators' and the engine's, and answer 400 too. The response schemas are written here
-(responses.py builds those bodies).
+are the validators' and the engine's, and answer 400 too. A streamed response is a string to
+OpenAPI 3.1; ``x-sse-data`` on its media type names the schema of each event's data.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from cleave.runtime.serving import protocol
+from cleave.runtime.serving import response_models as rm
 from cleave.runtime.serving.vllm_models import DetokenizeRequest, TokenizeChat, TokenizePrompt
 from cleave.runtime.serving.wire import ErrorReply
 
@@ -29,6 +32,10 @@ Schema = dict[str, Any]
 _REF = "#/components/schemas/{model}"
 _REQUESTS: tuple[type[BaseModel], ...] = (protocol.COMPLETION, protocol.CHAT, TokenizePrompt,
                                           TokenizeChat, DetokenizeRequest)
+_RESPONSES: tuple[type[BaseModel], ...] = (
+    rm.Completion, rm.ChatCompletion, rm.CompletionChunk, rm.ChatCompletionChunk, rm.ModelList,
+    rm.TokenizeResponse, rm.DetokenizeResponse, rm.VersionResponse, rm.StatusResponse)
+_ERROR: Schema = {"$ref": _REF.format(model="Error")}
 
 
 class _NoTitles(GenerateJsonSchema):
@@ -38,28 +45,8 @@ class _NoTitles(GenerateJsonSchema):
         return False
 
 
-def _opt(kind: str, **limits: Any) -> Schema:
-    return {"type": [kind, "null"], **limits}
-
-
-def _obj(properties: Schema, required: Sequence[str] = (), **extra: Any) -> Schema:
-    return {"type": "object", "properties": properties, "required": list(required), **extra}
-
-
-_STRING: Schema = {"type": "string"}
-_INT: Schema = {"type": "integer"}
-_USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
-               # null: the router hides cached_tokens (--prompt-tokens-details hide)
-               "prompt_tokens_details": {"anyOf": [{"type": "null"},
-                                                   _obj({"cached_tokens": _INT})]}},
-              ["prompt_tokens", "completion_tokens", "total_tokens"])
-_FINISH: Schema = {"enum": ["stop", "length", "tool_calls"]}
-# vLLM's prompt_logprobs, when asked for: null for the first token, then each token's scores by
-# token id (logprobs.PromptScores.field).
-_PROMPT_LOGPROBS: Schema = {"type": "array", "items": {"anyOf": [{"type": "null"}, {
-    "type": "object", "additionalProperties": _obj(
-        {"logprob": {"type": "number"}, "rank": _INT, "decoded_token": _STRING},
-        ["logprob", "rank", "decoded_token"])}]}}
+def _ref(model: type[BaseModel]) -> Schema:
+    return {"$ref": _REF.format(model=model.__name__)}
 
 
 def _nullable(schema: Schema) -> bool:
@@ -90,8 +77,14 @@ def _served_only(defs: Schema, models: Sequence[str]) -> None:
                     branch["enum"] = list(models)
 
 
+def _merge(defs: Schema, more: Schema) -> None:
+    for name, schema in more.items():
+        if defs.setdefault(name, schema) != schema:  # a request's and a response's
+            raise ValueError(f"two different schemas are named {name}")
+
+
 def _components(models: Sequence[str], vocab_size: int | None) -> tuple[list[Schema], Schema]:
-    """The request bodies' schemas (references) and every named schema they use."""
+    """The request bodies' schemas (references) and every named schema the document uses."""
     refs, top = models_json_schema([(m, "validation") for m in _REQUESTS], ref_template=_REF,
                                    schema_generator=_NoTitles)
     defs: Schema = top["$defs"]
@@ -99,57 +92,50 @@ def _components(models: Sequence[str], vocab_size: int | None) -> tuple[list[Sch
     _with_nulls(defs)
     if vocab_size is not None:
         defs["TokenId"]["maximum"] = vocab_size - 1
+    _, answers = models_json_schema([(m, "serialization") for m in _RESPONSES],
+                                    ref_template=_REF, schema_generator=_NoTitles)
+    _merge(defs, answers["$defs"])
     error = ErrorReply.model_json_schema(mode="serialization", ref_template=_REF,
                                          schema_generator=_NoTitles)
-    defs.update(error.pop("$defs"))
-    defs["Error"] = error
+    _merge(defs, {**error.pop("$defs"), "Error": error})
     return [refs[(m, "validation")] for m in _REQUESTS], defs
 
 
-def _response(obj: str, choice: Schema, **more: Schema) -> Schema:
-    return _obj({"id": _STRING, "object": {"const": obj}, "created": _INT, "model": _STRING,
-                 "choices": {"type": "array", "items": choice}, "usage": _USAGE, **more},
-                ["id", "object", "created", "model", "choices"])
+def _json(schema: Schema) -> Schema:
+    return {"application/json": {"schema": schema}}
 
 
-def _post(summary: str, request: Schema, response: Schema) -> Schema:
+def _post(summary: str, request: Schema, response: type[BaseModel],
+          chunk: type[BaseModel] | None = None) -> Schema:
     def error(description: str) -> Schema:
-        return {"description": description,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        return {"description": description, "content": _json(_ERROR)}
 
+    content = _json(_ref(response))
+    if chunk is not None:
+        content["text/event-stream"] = {
+            "schema": {"type": "string", "description": (
+                f"When stream is true: server-sent events, `data: <{chunk.__name__}>` each "
+                "(or one Error, should the stream fail once started), then `data: [DONE]`")},
+            "x-sse-data": {"anyOf": [_ref(chunk), _ERROR]}}
     return {"post": {
         "summary": summary,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "requestBody": {"required": True, "content": _json(request)},
         "responses": {
-            "200": {"description": "The result; server-sent events when stream is true",
-                    "content": {"application/json": {"schema": response},
-                                "text/event-stream": {"schema": _STRING}}},
+            "200": {"description": "The result", "content": content},
             "400": error("Invalid request"), "404": error("Model not found"),
-            "default": error("Any other error (429, 500, 503)"),
+            "default": error("Any other error (401, 429, 500, 503)"),
         }}}
 
 
-def _get(summary: str, content: Schema | None = None) -> Schema:
-    ok: Schema = {"description": "OK"}
-    if content is not None:
-        ok["content"] = content
-    return {"get": {"summary": summary, "responses": {
-        "200": ok, "default": {"description": "Not healthy or not ready (503)"}}}}
+def _get(summary: str, ok: Schema, default: Schema | None = None) -> Schema:
+    other = default or {"description": "Any error (401)", "content": _json(_ERROR)}
+    return {"get": {"summary": summary, "responses": {"200": ok, "default": other}}}
 
 
-def _vllm_paths(tokenize: Schema, detokenize: Schema) -> Schema:
-    """vLLM's own endpoints (vllm_api.py)."""
-    ids: Schema = {"type": "array", "items": {"type": "integer", "minimum": 0}}
-    tokens = _obj({"count": _INT, "max_model_len": _INT, "tokens": ids,
-                   "token_strs": {"type": "null"}}, ["count", "max_model_len", "tokens"])
-    return {
-        "/tokenize": _post("Token ids of a prompt or of chat messages, as generation sees them",
-                           tokenize, tokens),
-        "/detokenize": _post("Text of token ids", detokenize, _obj({"prompt": _STRING},
-                                                                  ["prompt"])),
-        "/version": _get("Server version", {"application/json": {"schema": _obj(
-            {"version": _STRING}, ["version"])}}),
-    }
+def _status(summary: str, failing: str) -> Schema:
+    status = _json(_ref(rm.StatusResponse))
+    return _get(summary, {"description": "OK", "content": status},
+                {"description": failing, "content": status})
 
 
 def openapi_document(models: Sequence[str], *, vocab_size: int | None = None) -> dict[str, Any]:
@@ -157,36 +143,29 @@ def openapi_document(models: Sequence[str], *, vocab_size: int | None = None) ->
     token ids."""
     (completion, chat, tokenize_prompt, tokenize_chat, detokenize), schemas = _components(
         models, vocab_size)
-    completion_choice = _obj({"index": _INT, "text": _STRING, "logprobs": _opt("object"),
-                              "finish_reason": _FINISH, "prompt_logprobs": _PROMPT_LOGPROBS},
-                             ["index", "text", "finish_reason"])
-    chat_choice = _obj({"index": _INT, "finish_reason": _FINISH, "logprobs": _opt("object"),
-                        "message": _obj({"role": {"const": "assistant"},
-                                         "content": _opt("string"),
-                                         "tool_calls": {"type": "array", "items": {
-                                             "$ref": _REF.format(model="ToolCall")}}},
-                                        ["role"])},
-                       ["index", "message", "finish_reason"])
-    model = _obj({"id": _STRING, "object": {"const": "model"}, "created": _INT,
-                  "owned_by": _STRING, "root": _STRING, "parent": _opt("string"),
-                  "max_model_len": _INT},
-                 ["id", "object", "created", "owned_by", "root", "max_model_len"])
     return {
         "openapi": "3.1.0",
         "info": {"title": "Cleave", "version": "v1",
                  "description": "OpenAI-compatible API of the Cleave router."},
         "paths": {
-            "/v1/completions": _post("Text completion", completion,
-                                     _response("text_completion", completion_choice)),
-            "/v1/chat/completions": _post("Chat completion", chat, _response(
-                "chat.completion", chat_choice, prompt_logprobs=_PROMPT_LOGPROBS)),
-            "/v1/models": _get("Served models", {"application/json": {"schema": _obj(
-                {"object": {"const": "list"}, "data": {"type": "array", "items": model}},
-                ["object", "data"])}}),
-            **_vllm_paths({"anyOf": [tokenize_prompt, tokenize_chat]}, detokenize),
-            "/health": _get("Liveness"),
-            "/ready": _get("Readiness: at least one decode (or both-role) worker is ready"),
-            "/metrics": _get("Prometheus metrics", {"text/plain": {"schema": _STRING}}),
+            "/v1/completions": _post("Text completion", completion, rm.Completion,
+                                     rm.CompletionChunk),
+            "/v1/chat/completions": _post("Chat completion", chat, rm.ChatCompletion,
+                                          rm.ChatCompletionChunk),
+            "/v1/models": _get("Served models", {"description": "OK",
+                                                 "content": _json(_ref(rm.ModelList))}),
+            # vLLM's own endpoints (vllm_api.py)
+            "/tokenize": _post("Token ids of a prompt or of chat messages, as generation sees "
+                               "them", {"anyOf": [tokenize_prompt, tokenize_chat]},
+                               rm.TokenizeResponse),
+            "/detokenize": _post("Text of token ids", detokenize, rm.DetokenizeResponse),
+            "/version": _get("Server version", {"description": "OK",
+                                                "content": _json(_ref(rm.VersionResponse))}),
+            "/health": _status("Liveness", "Not alive"),
+            "/ready": _status("Readiness: at least one decode (or both-role) worker is ready",
+                              "Not ready (503)"),
+            "/metrics": _get("Prometheus metrics", {"description": "OK", "content": {
+                "text/plain": {"schema": {"type": "string"}}}}),
         },
         "components": {"schemas": schemas},
     }

@@ -38,6 +38,7 @@ from cleave.runtime.serving.chat_models import MAX_TOOLS as MAX_TOOLS
 from cleave.runtime.serving.chat_models import ROLES as ROLES
 from cleave.runtime.serving.chat_models import (
     GuidedChoice,
+    GuidedGrammar,
     GuidedJSON,
     GuidedRegex,
     Loose,
@@ -84,7 +85,7 @@ MaxTokens = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS_LIMIT), JSON_INT]
 Logprobs = Annotated[int, Strict(), Field(ge=0, le=MAX_LOGPROBS), JSON_INT]
 Penalty = Annotated[Number, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
 _STRUCTURED: Final = {"response_format", "structured_outputs", "guided_json", "guided_regex",
-                      "guided_choice"}
+                      "guided_choice", "guided_grammar"}
 
 
 class StreamOptions(Loose):
@@ -123,6 +124,7 @@ class _Request(Body):
     guided_json: GuidedJSON | None = None
     guided_regex: GuidedRegex | None = None
     guided_choice: GuidedChoice | None = None
+    guided_grammar: GuidedGrammar | None = None
     structured_outputs: StructuredOutputs | None = Field(
         None, description="Extension (vLLM's): one of its keys.")
     prompt_logprobs: Logprobs | None = Field(
@@ -244,6 +246,8 @@ class ChatRequest(_Request):
                                              description="Function names must differ.")] = ()
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: Bool = True
+    echo: Bool = Field(False, description="Extension (vLLM's): the answer starts with the last "
+                       "message's content when that message is the assistant's.")
     _tool_request: ToolRequest | None = PrivateAttr(None)
 
     @model_validator(mode="after")

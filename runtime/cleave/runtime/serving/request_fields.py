@@ -29,9 +29,9 @@ _NO_OP_COMMON: Final[dict[str, tuple[object, ...]]] = {
     "logits_processors": (), "return_tokens_as_token_ids": (False,),
     "return_token_ids": (False,), "kv_transfer_params": (),
     "vllm_xargs": (),
-    # vLLM's other structured outputs: grammars in its EBNF dialects, structural tags, a choice
-    # of backend and of the whitespace JSON may hold.
-    "guided_grammar": (), "structural_tag": (), "guided_decoding_backend": (),
+    # vLLM's other structured outputs: structural tags, a choice of backend and of the
+    # whitespace JSON may hold.
+    "structural_tag": (), "guided_decoding_backend": (),
     "guided_whitespace_pattern": ()}
 COMPLETION_NO_OPS: Final[dict[str, tuple[object, ...]]] = {
     **_NO_OP_COMMON, "add_special_tokens": (True,)}
@@ -39,7 +39,7 @@ CHAT_NO_OPS: Final[dict[str, tuple[object, ...]]] = {
     **_NO_OP_COMMON,
     # OpenAI's deprecated form of tools: refused unless empty, 'tools' replaces it.
     "functions": ([],), "function_call": ("none", "auto"),
-    "echo": (False,), "add_generation_prompt": (True,), "continue_final_message": (False,),
+    "add_generation_prompt": (True,), "continue_final_message": (False,),
     "add_special_tokens": (False,), "documents": (), "chat_template": (),
     "chat_template_kwargs": (), "mm_processor_kwargs": (), "reasoning_effort": (),
     "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": ()}

@@ -33,7 +33,7 @@ from aiohttp import web
 from cleave.kv_store.redis_config import RedisStoreConfig
 from cleave.runtime import metrics
 from cleave.runtime.engine.sequence import SamplingParams
-from cleave.runtime.serving import choices, responses, tools
+from cleave.runtime.serving import chat_models, choices, responses, tools
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving.admission import Admission
 from cleave.runtime.serving.deadline import Deadline
@@ -44,6 +44,7 @@ from cleave.runtime.serving.logprobs import PromptScores
 from cleave.runtime.serving.openapi import openapi_json
 from cleave.runtime.serving.prompt_cache import PromptCache
 from cleave.runtime.serving.protocol import BODY_READ_SECONDS
+from cleave.runtime.serving.response_models import StatusResponse
 from cleave.runtime.serving.routing import (
     PathChoice,
     choose_path,
@@ -177,10 +178,10 @@ class Router:
             if e.status in (429, 503):
                 headers["Retry-After"] = "1"
             log.info("request %s -> %d %s", rid, e.status, e.message)
-            return web.json_response(e.body(), status=e.status, headers=headers)
+            return responses.json_reply(e.reply(), e.status, headers)
         except web.HTTPException as e:
             err = api.APIError(e.status, e.reason or "error")
-            return web.json_response(err.body(), status=e.status, headers={"X-Request-Id": rid})
+            return responses.json_reply(err.reply(), e.status, {"X-Request-Id": rid})
         if not response.prepared:
             response.headers["X-Request-Id"] = rid
         return response
@@ -197,22 +198,22 @@ class Router:
 
     # -- plain endpoints -----------------------------------------------------------------
     async def models(self, _: web.Request) -> web.Response:
-        return web.json_response(responses.models_list(
+        return responses.json_reply(responses.models_list(
             self.config.served_names, int(time.time()), self.max_model_len,
             self.config.model_source or self.config.model))
 
     async def health(self, _: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return responses.json_reply(StatusResponse(status="ok"))
 
     async def ready(self, _: web.Request) -> web.Response:
         if await self.fleet.any_ready():
-            return web.json_response({"status": "ready"})
+            return responses.json_reply(StatusResponse(status="ready"))
         if self.config.hold_timeout_seconds > 0:
             # Scaled to zero is a normal state: taking requests (and holding them) is what
             # wakes the workers, so the router must stay in its Service's endpoints.
-            return web.json_response({"status": "ready (holding requests until a worker "
-                                                "is ready)"})
-        return web.json_response({"status": "no worker ready"}, status=503)
+            return responses.json_reply(StatusResponse(
+                status="ready (holding requests until a worker is ready)"))
+        return responses.json_reply(StatusResponse(status="no worker ready"), 503)
 
     async def workers(self, _: web.Request) -> web.Response:
         """The router's view of its workers: what ``cleave up`` waits on before it stops one."""
@@ -249,7 +250,9 @@ class Router:
             params = tools.constrain(
                 parsed.sampling_params(max(1, context - len(ids))), parsed.tool_request,
                 self.tool_parser)
-            return await self._serve(request, ids, params, parsed, chat=True, plan=plan)
+            echo = chat_models.continued(parsed.messages) if parsed.echo else ""
+            return await self._serve(request, ids, params, parsed, chat=True, echo=echo,
+                                     plan=plan)
 
     async def _serve(self, request: web.Request, ids: list[int], params: SamplingParams,
                      parsed: api.CompletionRequest | api.ChatRequest, chat: bool,
@@ -288,7 +291,7 @@ class Router:
                 prompt.take(line)  # sequence 0's, which ranking may leave out
         if ranked:
             lines = choices.best(lines, parsed.n)
-        return web.json_response(responses.final_response(
+        return responses.json_reply(responses.final_response(
             body_id, self.config.model, chat, lines, self._token_text, want_lps, echo,
             streams, prompt))
 
@@ -388,7 +391,7 @@ async def _stream(request: web.Request, events: AsyncIterator[tuple[int, TokenLi
         if response is None:
             raise
         metrics.ROUTER_ERRORS.labels(str(e.status)).inc()  # the status said 200
-        await response.write(responses.sse(e.body()))  # headers are gone: error goes in-band
+        await response.write(responses.sse(e.reply()))  # headers are gone: error goes in-band
     assert response is not None
     await response.write(responses.SSE_DONE)
     await response.write_eof()

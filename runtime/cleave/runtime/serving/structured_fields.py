@@ -1,7 +1,8 @@
 """Structured-output request fields: OpenAI's ``response_format``, vLLM's ``guided_json``,
-``guided_regex``, ``guided_choice`` and ``structured_outputs``, read into one llguidance grammar
-(``SamplingParams.grammar``), checked here so that a bad schema or regex is a 400 naming its
-field before any worker sees it. The engine masks every token with it (engine/grammar.py).
+``guided_regex``, ``guided_choice``, ``guided_grammar`` and ``structured_outputs``, read into one
+llguidance grammar (``SamplingParams.grammar``), checked here so that a bad schema, regex or
+grammar is a 400 naming its field before any worker sees it. The engine masks every token
+with it (engine/grammar.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ _JSON_OPTIONS: Final[Any] = {"whitespace_flexible": False}
 MAX_GRAMMAR_CHARS: Final = 1 << 16  # a schema or regex beyond this is refused, not compiled
 # vLLM's structured_outputs object: its keys, and the guided_* field each means.
 _STRUCTURED_KEYS: Final = {"json": "guided_json", "regex": "guided_regex",
-                           "choice": "guided_choice", "json_object": "json_object"}
+                           "choice": "guided_choice", "grammar": "guided_grammar",
+                           "json_object": "json_object"}
 
 
 def _schema(value: object, param: str) -> str:
@@ -46,6 +48,17 @@ def _choice(value: object, param: str) -> str:
     # Lark string literals take JSON's escapes: any choice, quotes and backslashes included.
     return llguidance.LLMatcher.grammar_from_lark(
         "start: " + " | ".join(json.dumps(c) for c in value))
+
+
+def _grammar(value: object, param: str) -> str:
+    """Lark's syntax or GBNF (llama.cpp's, which vLLM's xgrammar backend takes): llguidance
+    reads both, as vLLM's guidance backend passes them to it."""
+    if not isinstance(value, str) or not value:
+        raise bad(param, f"'{param}' must be a non-empty grammar (Lark or GBNF)")
+    try:
+        return llguidance.grammar_from("grammar", value)
+    except ValueError as e:  # GBNF that does not convert: its error names the place
+        raise bad(param, f"'{param}' is not a valid grammar: {e}") from None
 
 
 def _response_format(value: object) -> str | None:
@@ -79,7 +92,8 @@ def _structured_outputs(value: object) -> tuple[str, object]:
     return _STRUCTURED_KEYS[key], v
 
 
-_READERS: Final = {"guided_json": _schema, "guided_regex": _regex, "guided_choice": _choice}
+_READERS: Final = {"guided_json": _schema, "guided_regex": _regex, "guided_choice": _choice,
+                   "guided_grammar": _grammar}
 
 
 def grammar(body: Mapping[str, object]) -> str | None:

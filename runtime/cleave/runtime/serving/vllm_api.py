@@ -19,6 +19,12 @@ from jinja2.exceptions import TemplateError
 
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving.admission import Admission
+from cleave.runtime.serving.response_models import (
+    DetokenizeResponse,
+    TokenizeResponse,
+    VersionResponse,
+)
+from cleave.runtime.serving.responses import json_reply
 from cleave.runtime.serving.vllm_models import DetokenizeRequest, TokenizePrompt, tokenize_model
 
 # The router's body reader (its bounds, its 400): every endpoint reads bodies alike.
@@ -97,8 +103,8 @@ class VllmEndpoints:
                 ids = await self.admission.off_loop(
                     self.prompts.chat_ids, [m.template() for m in asked.messages],
                     asked.add_special_tokens)
-        return web.json_response({"count": len(ids), "max_model_len": self.prompts.max_model_len,
-                                  "tokens": ids, "token_strs": None})
+        return json_reply(TokenizeResponse(count=len(ids), tokens=ids,
+                                           max_model_len=self.prompts.max_model_len))
 
     async def detokenize(self, request: web.Request) -> web.Response:
         """``{model?, tokens}`` -> ``{prompt}``."""
@@ -106,7 +112,7 @@ class VllmEndpoints:
         ids = self.prompts.text_ids(asked.tokens, param="tokens")  # checks the vocabulary
         with self.admission.slot():
             text = await self.admission.off_loop(self.prompts.tokenizer.decode, ids)
-        return web.json_response({"prompt": str(text)})
+        return json_reply(DetokenizeResponse(prompt=str(text)))
 
     async def version(self, _: web.Request) -> web.Response:
-        return web.json_response({"version": _version()})
+        return json_reply(VersionResponse(version=_version()))
