@@ -58,7 +58,21 @@ def tiny_hf_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
 # fault tests), so a 2-core machine runs it faster on more processes than cores. Tests are
 # handed out a file at a time, so a module's stack (its module-scoped fixtures: servers,
 # clusters) starts once, on one process; tests marked ``xdist_group(NAME)`` share one process
-# whatever their file (the local node takes a machine-wide lock: tests/cluster).
+# whatever their file (the local node takes a machine-wide lock: tests/cluster). Files are
+# handed out in collection order (``--no-loadscope-reorder`` in pyproject.toml), and that order
+# puts the folders whose tests start processes first, so the long files never form the tail
+# while the others wait and the quick unit tests fill in at the end.
+FIRST = ("cluster", "reliability", "runtime", "charts", "kv_store")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        folder = Path(item.path).relative_to(here).parts[0]
+        return FIRST.index(folder) if folder in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests stay together and in order
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
