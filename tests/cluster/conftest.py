@@ -18,6 +18,7 @@ for path in (HERE, HERE.parent / "operator"):
 from node_support import apps, core, emu, models, node  # noqa: E402, F401
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test here on one pytest-xdist process: one local node per machine (a lock)."""
     for item in items:

@@ -46,6 +46,15 @@ def _stores_ok(up: UpProcess) -> bool:
     return True
 
 
+def _wait_busy(up: UpProcess, name: str, timeout: float = 15.0) -> None:
+    """Until the worker streams something: the router may route every stream to its sibling
+    for a while (cached prefixes), and a kill of an idle worker proves nothing."""
+    url, deadline = up.worker(name).url, time.monotonic() + timeout
+    while metric_total(url, names.RUNNING) <= 0:
+        assert time.monotonic() < deadline, f"{name} had no request in flight for {timeout} s"
+        time.sleep(0.05)
+
+
 def _first_success_after(result: LoadResult, at: float) -> float:
     return min(o.start for o in result.outcomes if o.start >= at and o.status == "ok") - at
 
@@ -72,6 +81,8 @@ async def test_no_request_lost_when_redis_and_workers_die(tiny_model_dir: Path,
                 hits_before.append(_hits(up))
 
             def kill(name: str) -> None:
+                if name.startswith("decode"):
+                    _wait_busy(up, name)  # so that the kill costs streams in flight
                 began = time.monotonic()
                 up.wait_worker_back(name, up.kill_worker(name))
                 took[f"{name}_back_s"] = time.monotonic() - began
