@@ -57,12 +57,13 @@ def tiny_hf_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
 # Most of the suite's wall time is spent waiting (on servers starting, timeouts, sleeps in
 # fault tests), so a 2-core machine runs it faster on more processes than cores. Tests are
 # handed out a file at a time, so a module's stack (its module-scoped fixtures: servers,
-# clusters) starts once, on one process; tests marked ``xdist_group(NAME)`` share one process
-# whatever their file (the local node takes a machine-wide lock: tests/cluster). Files are
-# handed out in collection order (``--no-loadscope-reorder`` in pyproject.toml), and that order
-# puts the folders whose tests start processes first, so the long files never form the tail
-# while the others wait and the quick unit tests fill in at the end.
+# clusters) starts once, on one process; a folder in ONE_PROCESS is handed out whole (the
+# local node takes a machine-wide lock, and its tests run one node after another). Files go
+# out in collection order (``--no-loadscope-reorder`` in pyproject.toml), which puts the
+# folders whose tests start processes first: the long files never form the tail while the
+# other processes wait, and the quick unit tests fill in at the end.
 FIRST = ("cluster", "reliability", "runtime", "charts", "kv_store")
+ONE_PROCESS = ("tests/cluster/",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -76,11 +77,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadScopeScheduling
 
-    class FileScheduling(LoadGroupScheduling):
+    class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            scope: str = super()._split_scope(nodeid)
-            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+            path = nodeid.split("::", 1)[0]
+            return next((folder for folder in ONE_PROCESS if path.startswith(folder)), path)
 
     return FileScheduling(config, log)  # type: ignore[arg-type]

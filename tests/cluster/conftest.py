@@ -6,8 +6,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 # Appended, not prepended: ``tests/`` stays first on the path (see tests/operator/conftest.py).
 HERE = Path(__file__).parent
 for path in (HERE, HERE.parent / "operator"):
@@ -17,10 +15,3 @@ for path in (HERE, HERE.parent / "operator"):
 # The local node's fixtures (a node per test module); modules with their own override them.
 from node_support import apps, core, emu, models, node  # noqa: E402, F401
 
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test here on one pytest-xdist process: one local node per machine (a lock)."""
-    for item in items:
-        if HERE in Path(item.path).parents:
-            item.add_marker(pytest.mark.xdist_group("localnode"))
