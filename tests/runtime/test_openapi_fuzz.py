@@ -1,33 +1,37 @@
 """The generated OpenAPI document and the validation agree on bodies a fuzzer makes up (what a
 schema-driven fuzzer such as schemathesis relies on): any field, known or not, with any JSON
 value. Fields whose remaining rules no schema states (best_of against n, prompt_logprobs not
-streamed, a grammar that must compile, a named tool that must exist) are left out of the pool.
-And the other way: responses built from made-up worker output (any text, any logprob, n choices,
-usage, echo) match the document's response schemas and the openai client's types."""
+streamed, a named tool that must exist) are left out of the pool. The structured-output fields
+come one at a time (at most one per request is such a rule), with values that compile or that
+the document refuses (compiling is another): structured_outputs with null, unknown, missing and
+extra keys among them. And the other way: responses built from made-up worker output (any
+text, any logprob, n choices, usage, echo) match the document's response schemas and the openai
+client's types."""
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from protocol_support import MODEL, SERVED, chat, completion
 from pydantic import BaseModel
 from response_support import check_reply
 
 from cleave.runtime.serving import protocol as api
-from cleave.runtime.serving import responses
+from cleave.runtime.serving import responses, structured_fields
 from cleave.runtime.serving.logprobs import PromptScores
 from cleave.runtime.serving.openapi import openapi_document
 from cleave.runtime.serving.wire import LineLogprob, TokenLine
 
-CROSS_RULES = {"best_of", "prompt_logprobs", "tools", "tool_choice", "response_format",
-               "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-               "structured_outputs", "messages", "prompt"}
+STRUCTURED = set(structured_fields.FIELDS)
+CROSS_RULES = {"best_of", "prompt_logprobs", "tools", "tool_choice", "messages", "prompt",
+               *STRUCTURED}
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 300), st.sampled_from([1 << 63, -(1 << 63) - 1]),
     st.floats(-3, 3, allow_nan=False), st.floats(0.5, 1.5).map(round),
@@ -35,6 +39,39 @@ SCALARS = st.one_of(
 VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=5),
                    st.dictionaries(st.sampled_from(["5", "a", "include_usage", "-1"]), SCALARS,
                                    max_size=2))
+NOT_STRINGS = SCALARS.filter(lambda v: not isinstance(v, str))
+SCHEMAS = st.sampled_from([{}, {"type": "object"}, {"type": "string", "maxLength": 3}])
+# A string is taken as a schema's JSON text, or a grammar: the document cannot check either,
+# so only ones that compile are drawn.
+JSON_SCHEMAS = st.one_of(NOT_STRINGS, SCHEMAS, SCHEMAS.map(json.dumps))
+GRAMMARS = st.one_of(NOT_STRINGS,
+                     st.sampled_from(["", 'start: "a" | "b"', 'root ::= "a" [b-c]?']))
+
+
+def _objects(pools: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """Objects with none, some or all of these keys, each value null half the time (JSON null
+    is "not given" for optional fields, refused for required ones), else from its pool."""
+    return st.lists(st.sampled_from(sorted(pools)), unique=True, max_size=3).flatmap(
+        lambda keys: st.fixed_dictionaries({k: st.none() | pools[k] for k in keys}))
+
+
+_FORMATS = _objects({
+    "type": st.one_of(SCALARS, st.sampled_from(["text", "json_object", "json_schema"])),
+    "json_schema": st.one_of(VALUES, _objects({"schema": st.one_of(NOT_STRINGS, SCHEMAS),
+                                               "name": SCALARS, "strict": SCALARS})),
+    "nonsense": SCALARS})
+_OUTPUTS = _objects({"json": JSON_SCHEMAS, "regex": VALUES, "choice": VALUES,
+                     "grammar": GRAMMARS, "json_object": SCALARS, "nonsense": SCALARS})
+_POOLS: dict[str, st.SearchStrategy[Any]] = {
+    "response_format": st.one_of(VALUES, _FORMATS), "structured_outputs": st.one_of(
+        VALUES, _OUTPUTS), "guided_json": JSON_SCHEMAS, "guided_regex": VALUES,
+    "guided_choice": VALUES, "guided_grammar": GRAMMARS}
+# structured_outputs, whose rules are the models' own, drawn more often than the others.
+ONE_STRUCTURED = st.sampled_from([*sorted(_POOLS), *["structured_outputs"] * 3]).flatmap(
+    lambda name: _POOLS[name].map(lambda value: {name: value}))
+# Where the document and the server once disagreed (issue 16): each is refused by both now.
+EXAMPLES = ({"structured_outputs": {"json_object": None}},
+            {"structured_outputs": {"regex": "a", "choice": None}})
 
 
 @functools.cache
@@ -59,16 +96,35 @@ def _agree(path: str, parse: Callable[..., object], body: dict[str, Any]) -> Non
     assert validator.is_valid(body) == accepted, body
 
 
+def _bodies(model: type[BaseModel]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(lambda fields, structured: {**fields, **structured},
+                     st.dictionaries(st.sampled_from(_fields(model)), VALUES, max_size=4),
+                     st.just({}) | ONE_STRUCTURED)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(_fields(api.COMPLETION)), VALUES, max_size=4))
+@given(_bodies(api.COMPLETION))
 def test_completions(fields: dict[str, Any]) -> None:
     _agree("/v1/completions", api.parse_completion_request, completion(**fields))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(_fields(api.CHAT)), VALUES, max_size=4))
+@given(_bodies(api.CHAT))
 def test_chat_completions(fields: dict[str, Any]) -> None:
     _agree("/v1/chat/completions", api.parse_chat_request, chat(**fields))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans(), ONE_STRUCTURED)
+@example(False, EXAMPLES[0])
+@example(True, EXAMPLES[1])
+def test_a_structured_field_alone(is_chat: bool, fields: dict[str, Any]) -> None:
+    """One structured-output field in an otherwise valid body: its own rules alone decide
+    (beside the fields above, another field's mistake would often hide a disagreement)."""
+    if is_chat:
+        _agree("/v1/chat/completions", api.parse_chat_request, chat(**fields))
+    else:
+        _agree("/v1/completions", api.parse_completion_request, completion(**fields))
 
 
 def test_every_model_field_is_in_the_document() -> None:

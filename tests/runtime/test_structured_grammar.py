@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from cleave.runtime.engine.grammar import Constraint, mask_words
 from cleave.runtime.engine.outputs import KVHandoff
 from cleave.runtime.engine.sequence import FinishReason, RequestError, SamplingParams
-from cleave.runtime.serving.structured_fields import grammar
+from cleave.runtime.serving.protocol import parse_completion_request
 from cleave.runtime.serving.wire import GenerateRequest
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "size"],
@@ -23,8 +23,10 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
 PROMPT = list(range(40, 73))
 
 
-def _grammar(**body: object) -> str:
-    g = grammar(body)
+def _grammar(**fields: object) -> str:
+    """The grammar the router makes of these structured-output fields."""
+    body = {"model": "m", "prompt": "x", **fields}
+    g = parse_completion_request(body, ["m"]).sampling_params(8).grammar
     assert g is not None
     return g
 

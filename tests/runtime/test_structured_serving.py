@@ -127,7 +127,8 @@ def test_streamed_chat_with_a_schema_parses(client: openai.OpenAI) -> None:
     ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos"),
     ({"guided_grammar": "start: nope"}, "guided_grammar"),  # Lark: an unknown rule
     ({"guided_grammar": "root ::= ("}, "guided_grammar"),  # GBNF that does not parse
-    ({"structured_outputs": {"grammar": "start: ("}}, "structured_outputs"),
+    ({"structured_outputs": {"grammar": "start: ("}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"json_object": None}}, "structured_outputs"),
 ])
 def test_a_bad_structured_output_is_a_400_naming_the_field(client: openai.OpenAI,
                                                           extra: dict[str, Any],

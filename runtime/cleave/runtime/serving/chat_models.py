@@ -1,7 +1,7 @@
 """The chat request's parts as pydantic models: messages (by role), their text parts and tool
-calls, the function tools and the choice of call, and the structured-output formats. The
-request models (protocol.py) are built from these; the OpenAPI document is generated from
-them (openapi.py).
+calls, the function tools and the choice of call (the structured-output fields, on both
+endpoints: structured_models.py). The request models (protocol.py) are built from these; the
+OpenAPI document is generated from them (openapi.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BeforeValidator,
-    ConfigDict,
     Discriminator,
     Field,
     Strict,
@@ -21,17 +20,11 @@ from pydantic import (
     ValidationError,
 )
 
-from cleave.runtime.serving.request_types import Body, Bool, Refusal, Text, fail
+from cleave.runtime.serving.request_types import Body, Bool, Loose, Refusal, Text, fail
 
 JSONObject = dict[str, Any]
 ROLES: Final = ("system", "user", "assistant", "developer", "tool")
-MAX_TOOLS: Final = 128  # OpenAI's limit
-
-
-class Loose(Body):
-    """An object whose other fields are accepted and unused (a message's ``name``), as OpenAI
-    and vLLM accept them."""
-    model_config = ConfigDict(extra="ignore")
+MAX_TOOLS: Final = 128  # OpenAI's limit on tools
 
 
 # -- messages --------------------------------------------------------------------------------
@@ -189,51 +182,3 @@ ToolChoice = Annotated[
     Refusal("'tool_choice' must be 'none', 'auto', 'required' or "
             '{"type": "function", "function": {"name": ...}}'),
     Field(description="A named function must be in tools.")]
-
-
-# -- structured outputs (structured_fields.py compiles them) ---------------------------------
-
-class JSONSchemaSpec(Loose):
-    name: Text = ""
-    json_schema: dict[str, Any] = Field(alias="schema")
-
-
-class TextFormat(Loose):
-    type: Literal["text"]
-
-
-class JSONObjectFormat(Loose):
-    type: Literal["json_object"]
-
-
-class JSONSchemaFormat(Loose):
-    type: Literal["json_schema"]
-    json_schema: JSONSchemaSpec
-
-
-ResponseFormat = Annotated[
-    TextFormat | JSONObjectFormat | JSONSchemaFormat,
-    Refusal("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-            '{"type": "json_schema", "json_schema": {"schema": <a JSON schema>, '
-            '"name": <string>}}')]
-GuidedJSON = Annotated[dict[str, Any] | Text, Refusal(
-    "'guided_json' must be a JSON schema (an object), or its JSON text"),
-    Field(description="Extension (vLLM's): a JSON schema, or its JSON text.")]
-GuidedRegex = Annotated[str, Strict(), Field(min_length=1, description="Extension (vLLM's).")]
-GuidedGrammar = Annotated[str, Strict(), Field(
-    min_length=1, description="Extension (vLLM's): a grammar in Lark's syntax or GBNF "
-    "(llguidance's dialects: docs/architecture.md, Structured outputs).")]
-GuidedChoice = Annotated[
-    list[Annotated[str, Strict(), Field(min_length=1)]],
-    Field(min_length=1, description="Extension (vLLM's): the output is one of these."),
-    Refusal("'guided_choice' must be a non-empty list of non-empty strings")]
-
-
-class StructuredOutputs(Body):
-    """vLLM's ``structured_outputs``: exactly one of its keys."""
-    model_config = ConfigDict(json_schema_extra={"minProperties": 1, "maxProperties": 1})
-    json_: GuidedJSON | None = Field(None, alias="json")
-    regex: GuidedRegex | None = None
-    choice: GuidedChoice | None = None
-    grammar: GuidedGrammar | None = None
-    json_object: Literal[True] | None = None

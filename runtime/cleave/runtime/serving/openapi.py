@@ -7,9 +7,11 @@ what the schema allows and expects it served, and what it forbids and expects a 
 check it); every body the router sends validates against its response schema (tests check that
 too). Two things are added to the requests here: the served model names (``model``'s enum), and
 JSON null on every optional field (the models drop it before validating: request_types.Body).
-Rules no schema can state (at most one structured output, a grammar that compiles, prompt plus
-max_tokens within the context, token ids below the vocabulary size when that is not given here)
-are the validators' and the engine's, and answer 400 too. A streamed response is a string to
+Rules no schema can state (at most one structured output, a grammar that compiles, guided_json's
+text a JSON object, prompt plus max_tokens within the context, token ids below the vocabulary
+size when that is not given here) are the validators' and the engine's, and answer 400 too.
+(structured_outputs is an object with exactly one non-null key: its models state that with
+required properties, which take no null.) A streamed response is a string to
 OpenAPI 3.1; ``x-sse-data`` on its media type names the schema of each event's data.
 """
 

@@ -34,20 +34,8 @@ from cleave.runtime.engine.sequence import (
     SamplingParams,
 )
 from cleave.runtime.serving import request_fields, structured_fields
-from cleave.runtime.serving.chat_models import MAX_TOOLS as MAX_TOOLS
+from cleave.runtime.serving.chat_models import MAX_TOOLS, Message, Tool, ToolChoice
 from cleave.runtime.serving.chat_models import ROLES as ROLES
-from cleave.runtime.serving.chat_models import (
-    GuidedChoice,
-    GuidedGrammar,
-    GuidedJSON,
-    GuidedRegex,
-    Loose,
-    Message,
-    ResponseFormat,
-    StructuredOutputs,
-    Tool,
-    ToolChoice,
-)
 from cleave.runtime.serving.json_fields import APIError as APIError
 from cleave.runtime.serving.json_fields import ErrorType as ErrorType
 from cleave.runtime.serving.json_fields import JSONObject as JSONObject
@@ -60,10 +48,19 @@ from cleave.runtime.serving.request_types import (
     JSON_INT,
     Body,
     Bool,
+    Loose,
     Number,
     Refusal,
     api_error,
     fail,
+)
+from cleave.runtime.serving.structured_models import (
+    GuidedChoice,
+    GuidedGrammar,
+    GuidedJSON,
+    GuidedRegex,
+    ResponseFormat,
+    StructuredOutputs,
 )
 from cleave.runtime.serving.tools import ToolRequest, parse_tools
 
@@ -84,8 +81,6 @@ Count = Annotated[int, Strict(), Field(ge=1, le=MAX_CHOICES), JSON_INT]
 MaxTokens = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS_LIMIT), JSON_INT]
 Logprobs = Annotated[int, Strict(), Field(ge=0, le=MAX_LOGPROBS), JSON_INT]
 Penalty = Annotated[Number, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
-_STRUCTURED: Final = {"response_format", "structured_outputs", "guided_json", "guided_regex",
-                      "guided_choice", "guided_grammar"}
 
 
 class StreamOptions(Loose):
@@ -126,7 +121,7 @@ class _Request(Body):
     guided_choice: GuidedChoice | None = None
     guided_grammar: GuidedGrammar | None = None
     structured_outputs: StructuredOutputs | None = Field(
-        None, description="Extension (vLLM's): one of its keys.")
+        None, description="Extension (vLLM's): exactly one of its keys, not null.")
     prompt_logprobs: Logprobs | None = Field(
         None, description="Extension (vLLM's): each prompt token's logprob and rank, and the "
         "top k there (not streamed).")
@@ -144,7 +139,7 @@ class _Request(Body):
 
     @model_validator(mode="after")
     def _compile_grammar(self) -> _Request:
-        asked = self.model_dump(include=_STRUCTURED, by_alias=True, exclude_none=True)
+        asked = {name: getattr(self, name) for name in structured_fields.FIELDS}
         self._grammar = structured_fields.grammar(asked)  # APIError naming the field
         if self.stream and self.prompt_logprobs is not None:  # vLLM refuses it too
             raise fail("'prompt_logprobs' cannot be streamed", "prompt_logprobs")

@@ -73,6 +73,12 @@ class Body(BaseModel):
         return {k: v for k, v in data.items() if v is not None or k not in names}
 
 
+class Loose(Body):
+    """An object whose other fields are accepted and unused (a message's ``name``), as OpenAI
+    and vLLM accept them."""
+    model_config = ConfigDict(extra="ignore")
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 def param_of(loc: Sequence[int | str]) -> str | None:

@@ -28,7 +28,6 @@ from typing import Any, Final
 from cleave.common.settings import TOOL_CALL_PARSERS
 from cleave.runtime.engine.sequence import RequestError, SamplingParams
 from cleave.runtime.serving import structured_fields
-from cleave.runtime.serving.chat_models import MAX_TOOLS as MAX_TOOLS
 from cleave.runtime.serving.chat_models import NamedChoice, Tool
 from cleave.runtime.serving.json_fields import APIError, bad
 from cleave.runtime.serving.request_types import fail

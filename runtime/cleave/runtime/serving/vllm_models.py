@@ -10,10 +10,10 @@ from typing import Annotated, Any, Final
 
 from pydantic import Field, Strict, ValidationInfo, field_validator, model_validator
 
-from cleave.runtime.serving.chat_models import Loose, Message
+from cleave.runtime.serving.chat_models import Message
 from cleave.runtime.serving.json_fields import APIError
 from cleave.runtime.serving.prompt_fields import Prompt
-from cleave.runtime.serving.request_types import Bool, Refusal, TokenId, fail
+from cleave.runtime.serving.request_types import Bool, Loose, Refusal, TokenId, fail
 
 CONTEXT_SERVED: Final = "served"  # as protocol.CONTEXT_SERVED
 
