@@ -4,6 +4,7 @@ or a router's ``/metrics``, plus the kmock pod objects that point the operator a
 Each scrape of a pod is one interval of traffic: the pod observes ``per_scrape`` latencies of
 its profile and grows its token counter, so windowed quantiles and rates have deltas to read, as
 they would against a live worker. ``status`` other than 200 makes the pod fail its scrapes.
+:class:`Workers` adds a worker's ``/internal/stats`` and ``/internal/role`` (elastic roles).
 """
 
 from __future__ import annotations
@@ -104,6 +105,72 @@ class PodServers:
             return int(sock.getsockname()[1])
 
         return pod, asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            for runner in self.runners:
+                await runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class Workers:
+    """Fake worker pods for elastic roles: ``/metrics`` as :class:`FakePod`, and
+    ``/internal/stats`` and ``/internal/role`` as a worker serves them, each pod on its own
+    127.0.0.1 port, served from one thread's loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runners: list[web.AppRunner] = []
+        self.flips: list[tuple[int, str]] = []  # (port, role) asked of each pod
+        self.auth: set[str | None] = set()  # the Authorization headers /internal/* got
+        self.slow: set[int] = set()  # ports that answer too late (a busy pod)...
+        self.stall_s = 1.5  # ... by this much
+
+    def add(self, profile: Profile) -> int:
+        pod = FakePod(profile)
+        port_box: list[int] = []
+
+        async def metrics(_: web.Request) -> web.Response:
+            if port_box[0] in self.slow:
+                await asyncio.sleep(self.stall_s)
+            if pod.profile.status != 200:
+                return web.Response(status=pod.profile.status, text="unavailable")
+            return web.Response(body=pod.render(), content_type="text/plain")
+
+        async def stats(request: web.Request) -> web.Response:
+            self.auth.add(request.headers.get("Authorization"))
+            if port_box[0] in self.slow:
+                await asyncio.sleep(self.stall_s)
+            return web.json_response({"role": pod.profile.role, "kv_usage": 0.0})
+
+        async def role(request: web.Request) -> web.Response:
+            self.auth.add(request.headers.get("Authorization"))
+            wanted = (await request.json())["role"]
+            self.flips.append((port_box[0], wanted))
+            pod.profile.role = wanted  # its figures now carry the new role, as a worker's do
+            return web.json_response({"role": wanted})
+
+        async def start() -> int:
+            app = web.Application()
+            app.router.add_get("/metrics", metrics)
+            app.router.add_get("/internal/stats", stats)
+            app.router.add_post("/internal/role", role)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            await web.SockSite(runner, sock).start()
+            self.runners.append(runner)
+            return int(sock.getsockname()[1])
+
+        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        port_box.append(port)
+        return port
 
     def close(self) -> None:
         async def stop() -> None:

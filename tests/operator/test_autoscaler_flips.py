@@ -1,83 +1,38 @@
 """Elastic roles on Kubernetes: kopf against the API emulator, worker pods that are real HTTP
 servers (``/metrics``, ``/internal/stats`` and ``/internal/role`` as a worker serves them). A
 starved prefill role is met by flipping a decode pod the decode role can spare: the pod is
-asked to change role, no Deployment changes, and the status and an Event say so."""
+asked to change role, no Deployment changes, and the status and an Event say so. A flipped pod
+whose stats come too late (a busy pod) is still counted where it works, so it is not replaced
+by a new replica nor flipped again."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
-from aiohttp import web
-from autoscaler_pods import FakePod, Profile, create_pod
-from kmock_support import KubeEmulator, eventually, operator_emulator, run_operator
+from autoscaler_pods import Profile, Workers, create_pod
+from kmock_support import (
+    KubeEmulator,
+    eventually,
+    kube_emulator,
+    operator_emulator,
+    run_operator,
+)
 from kubernetes import client
+
+from cleave.operator.autoscaler.controller import ServiceAutoscaler
+from cleave.operator.autoscaler.flips import roles_now
+from cleave.operator.kube import Kube
+from cleave.operator.reconcile import reconcile
 
 NS = "default"
 CR = ("cleave.dev", "v1alpha1", NS, "llmservices")
 HANDLERS = "cleave.operator.handlers"
-
-
-class Workers:
-    """Fake worker pods, each on its own 127.0.0.1 port, served from one thread's loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runners: list[web.AppRunner] = []
-        self.flips: list[tuple[int, str]] = []  # (port, role) asked of each pod
-        self.auth: set[str | None] = set()  # the Authorization headers /internal/* got
-
-    def add(self, profile: Profile) -> int:
-        pod = FakePod(profile)
-        port_box: list[int] = []
-
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=pod.render(), content_type="text/plain")
-
-        async def stats(request: web.Request) -> web.Response:
-            self.auth.add(request.headers.get("Authorization"))
-            return web.json_response({"role": pod.profile.role, "kv_usage": 0.0})
-
-        async def role(request: web.Request) -> web.Response:
-            self.auth.add(request.headers.get("Authorization"))
-            wanted = (await request.json())["role"]
-            self.flips.append((port_box[0], wanted))
-            pod.profile.role = wanted  # its figures now carry the new role, as a worker's do
-            return web.json_response({"role": wanted})
-
-        async def start() -> int:
-            app = web.Application()
-            app.router.add_get("/metrics", metrics)
-            app.router.add_get("/internal/stats", stats)
-            app.router.add_post("/internal/role", role)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            await web.SockSite(runner, sock).start()
-            self.runners.append(runner)
-            return int(sock.getsockname()[1])
-
-        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        port_box.append(port)
-        return port
-
-    def close(self) -> None:
-        async def stop() -> None:
-            for runner in self.runners:
-                await runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture()
@@ -105,6 +60,12 @@ def events(emu: KubeEmulator, name: str, reason: str) -> list[str]:
             if e.get("involvedObject", {}).get("name") == name and e["reason"] == reason]
 
 
+def decisions(emu: KubeEmulator) -> list[dict[str, Any]]:
+    """``status.autoscaler.decisions`` of the service ``chat``, newest first."""
+    found = emu.get("llmservices", NS, "chat") or {}
+    return list(((found.get("status") or {}).get("autoscaler") or {}).get("decisions") or [])
+
+
 def test_a_starved_prefill_role_gets_a_flipped_decode_pod(emu: KubeEmulator,
                                                           workers: Workers) -> None:
     spec: dict[str, Any] = {
@@ -120,23 +81,29 @@ def test_a_starved_prefill_role_gets_a_flipped_decode_pod(emu: KubeEmulator,
         client.AppsV1Api(emu.api_client()).patch_namespaced_deployment_scale(
             "chat-decode", NS, {"spec": {"replicas": 2}})  # an earlier scale-up
         # Prefill: p90 TTFT 0.975 s against 0.5 s asks for 2. Decode: TPOT far under its
-        # target, so one of its two pods can go.
-        create_pod(emu, NS, "chat", "prefill", "chat-prefill-a",
-                   workers.add(Profile("prefill", ttft=0.9, tokens_per_scrape=500)))
-        cool = {name: workers.add(Profile("decode", tpot=0.01, tokens_per_scrape=300))
-                for name in ("chat-decode-a", "chat-decode-b")}
+        # target, so one of its two pods can go. The pods serve figures only once all three
+        # exist: a tick that saw some of them would rightly plan for those alone.
+        profiles = [Profile("prefill", ttft=0.9, tokens_per_scrape=500, status=503),
+                    *(Profile("decode", tpot=0.01, tokens_per_scrape=300, status=503)
+                      for _ in "ab")]
+        create_pod(emu, NS, "chat", "prefill", "chat-prefill-a", workers.add(profiles[0]))
+        cool = {name: workers.add(profile)
+                for name, profile in zip(("chat-decode-a", "chat-decode-b"), profiles[1:],
+                                         strict=True)}
         for name, port in cool.items():
             create_pod(emu, NS, "chat", "decode", name, port)
+        for profile in profiles:
+            profile.status = 200
         [(port, role)] = eventually(lambda: workers.flips)
         assert role == "prefill" and port in cool.values()
         flipped = next(n for n, p in cool.items() if p == port)
         [message] = eventually(lambda: events(emu, "chat", "Flipped"))
         assert message.startswith(f"pod {flipped} now serves the prefill role")
-        decisions = eventually(lambda: (emu.get("llmservices", NS, "chat")["status"]
-                                        .get("autoscaler") or {}).get("decisions"))
-        prefill = next(d for d in decisions if d["role"] == "prefill")
+        # The decision that carried the flip is in the status (among the last ones told: a
+        # later tick may tell another decision before this is read).
+        [prefill] = eventually(lambda: [d for d in decisions(emu) if d["role"] == "prefill"
+                                        and f"plan: {flipped} -> prefill" in d["reason"]])
         assert (prefill["current"], prefill["desired"]) == (1, 2)
-        assert f"plan: {flipped} -> prefill" in prefill["reason"]
         # A flip moves a warm pod: no Deployment was scaled for it, and once flipped the
         # counts per current role meet the decisions, so nothing more happens.
         assert (replicas(emu, "chat-prefill"), replicas(emu, "chat-decode")) == (1, 2)
@@ -148,6 +115,7 @@ def test_a_starved_prefill_role_gets_a_flipped_decode_pod(emu: KubeEmulator,
         time.sleep(1.5)
         assert len(workers.flips) == 1
         assert (replicas(emu, "chat-prefill"), replicas(emu, "chat-decode")) == (1, 2)
+        assert not [d for d in decisions(emu) if "start" in d["reason"]]  # no replica planned
 
 
 def test_a_quiet_service_goes_down_to_one_pod_serving_both_roles(emu: KubeEmulator,
@@ -183,3 +151,84 @@ def test_a_quiet_service_goes_down_to_one_pod_serving_both_roles(emu: KubeEmulat
         time.sleep(1.5)
         assert len(workers.flips) == 1
         assert sorted((replicas(emu, "chat-prefill"), replicas(emu, "chat-decode"))) == [0, 1]
+
+
+@pytest.fixture()
+def plain_emu() -> Iterator[KubeEmulator]:
+    with kube_emulator() as emulator:
+        yield emulator
+
+
+async def test_a_flipped_pod_whose_stats_time_out_is_not_replaced_by_a_new_replica(
+        plain_emu: KubeEmulator, workers: Workers) -> None:
+    """A busy pod's ``/internal/stats`` may miss the scrape timeout. The flipped pod is still
+    in its new role (only a restart brings it home): the ticks after the flip must count it
+    there, not plan a new prefill replica (a GPU for nothing) nor a second flip."""
+    emu = plain_emu
+    spec: dict[str, Any] = {
+        "model": {"name": "m", "source": "m"}, "kvStore": {"managed": {}},
+        "prefill": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "ttftSeconds": 0.5}},
+        "decode": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "tpotSeconds": 1.0}},
+        "autoscaling": {"scaleDownDelaySeconds": 0}}
+    client.CustomObjectsApi(emu.api_client()).create_namespaced_custom_object(*CR, {
+        "apiVersion": "cleave.dev/v1alpha1", "kind": "LLMService",
+        "metadata": {"name": "chat", "namespace": NS}, "spec": spec})
+    kube = Kube(emu.api_client())
+    await asyncio.to_thread(reconcile, kube, emu.get("llmservices", NS, "chat") or {})
+    assert kube.scale(NS, "chat-decode", 2)
+    create_pod(emu, NS, "chat", "prefill", "chat-prefill-a",
+               workers.add(Profile("prefill", ttft=0.9, tokens_per_scrape=500)))
+    decode = [workers.add(Profile("decode", tpot=0.01, tokens_per_scrape=300)) for _ in "ab"]
+    for name, port in zip(("chat-decode-a", "chat-decode-b"), decode, strict=True):
+        create_pod(emu, NS, "chat", "decode", name, port)
+    autoscaler = ServiceAutoscaler(kube, scrape_timeout_s=0.3)
+    told: list[tuple[str, str]] = []
+    async with aiohttp.ClientSession() as session:
+        async def tick(now: float) -> None:
+            obj = await asyncio.to_thread(emu.get, "llmservices", NS, "chat")
+            assert obj is not None
+            await autoscaler.run_once(obj, session, now, lambda *e: told.append(e))
+
+        now = 0.0
+        while not workers.flips and now < 5:
+            await tick(now)
+            now += 1
+        [(port, role)] = workers.flips
+        assert role == "prefill"
+        flip_tick = sorted(r for r, _ in told)  # the flip, and the two roles' decisions
+        assert flip_tick == ["Flipped", "ScaledDown", "ScaledUp"], told
+        # From now on the decode pods (the flipped one included) answer too late: the ticks
+        # read neither their roles nor their figures.
+        workers.slow.update(decode)
+        for _ in range(3):
+            await tick(now)
+            now += 1
+    assert len(workers.flips) == 1, workers.flips  # no flip back, no second flip
+    assert len(told) == len(flip_tick), told  # nothing more decided, nothing scaled
+    assert (replicas(emu, "chat-prefill"), replicas(emu, "chat-decode")) == (1, 2)
+
+
+def worker_pod(name: str, uid: str, restarts: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": uid},
+            "spec": {"containers": [{"name": "worker",
+                                     "ports": [{"name": "http", "containerPort": 8100}]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.7",
+                       "conditions": [{"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"name": "worker", "restartCount": restarts}]}}
+
+
+def test_a_silent_pod_keeps_the_role_its_worker_last_told_until_it_restarts() -> None:
+    p, d = worker_pod("p", "u-p", 0), worker_pod("d", "u-d", 0)
+    roles, said = roles_now({"prefill": [p], "decode": [d]}, {"p": "prefill", "d": "prefill"},
+                            {})
+    assert roles == {"p": "prefill", "d": "prefill"}  # d was flipped
+    # d's stats miss the timeout: it is where it last said, not home.
+    roles, said = roles_now({"prefill": [p], "decode": [d]}, {"p": "prefill"}, said)
+    assert roles["d"] == "prefill"
+    # A restarted container (same pod) or a new pod of the same name starts in its home role.
+    for again in (worker_pod("d", "u-d", 1), worker_pod("d", "u-d2", 0)):
+        roles, _ = roles_now({"prefill": [p], "decode": [again]}, {}, said)
+        assert roles == {"p": "prefill", "d": "decode"}
+    # A pod never heard from is home and remembered as nothing; a gone pod is forgotten.
+    roles, said = roles_now({"decode": [worker_pod("e", "u-e", 0)]}, {}, said)
+    assert roles == {"e": "decode"} and said == {}

@@ -7,11 +7,12 @@ then this backend scales the Deployments it owns (or flips pods, with elastic ro
 publishes what changed (``report``: status, Event, log; metrics). All API access goes through
 :class:`~cleave.operator.kube.Kube`.
 
-State (the collector's scrape history and the policy's recommendation history) lives in
-memory only. Losing it on an operator restart is safe: a fresh collector has no window, so
-every latency reads as missing and the policy holds until two scrapes exist; and the fresh
-policy history is seeded with each role's current replicas, so no scale-down happens before a
-whole ``scaleDownDelaySeconds`` of new recommendations agrees. Scale-ups are never delayed.
+State (the collector's scrape history, the policy's recommendation history, the role each pod
+last told) lives in memory only. Losing it on an operator restart is safe: a fresh collector
+has no window, so every latency reads as missing and the policy holds until two scrapes exist;
+the fresh policy history is seeded with each role's current replicas, so no scale-down happens
+before a whole ``scaleDownDelaySeconds`` of new recommendations agrees; and the pods tell their
+roles again at the next tick. Scale-ups are never delayed.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class KubeBackend:
         self.post_event: PostEvent = lambda reason, message: None
         self._replicas: dict[str, int] = {}  # each worker Deployment's, as last observed
         self._elastic: _Elastic | None = None
+        # Each live pod's role as its worker last told it (stats or an accepted flip), for a
+        # tick its stats miss (flips.roles_now). Lost on a restart: pods are then in their home
+        # role until they answer, as before a flip.
+        self._said: dict[tuple[str, int], str] = {}
 
     def _spec(self) -> LLMServiceSpec:
         assert self.spec is not None, "set before a tick"
@@ -164,8 +169,10 @@ class KubeBackend:
             auth = flips.auth(await asyncio.to_thread(
                 self.kube.secret_value, spec.namespace,
                 security.internal_token_secret_name(spec), "token"))
-        roles_now = await flips.current_roles(session, pods, self.scrape_timeout_s, auth) \
-            if elastic else {}
+        roles_now: dict[str, str] = {}
+        if elastic:
+            reported = await flips.reported_roles(session, pods, self.scrape_timeout_s, auth)
+            roles_now, self._said = flips.roles_now(pods, reported, self._said)
         counts = flips.by_current_role(counts, pods, roles_now)
         if spec.autoscaler.prometheus_url:
             signals = await self._from_prometheus(spec, session, counts)
@@ -206,9 +213,12 @@ class KubeBackend:
         where = f"{spec.namespace}/{spec.name}"
         ok = True
         for name, role in plan.flips:
-            problem = await flips.flip(session, self._elastic.pods[name], role,
-                                       self.scrape_timeout_s, self._elastic.auth)
+            pod = self._elastic.pods[name]
+            problem = await flips.flip(session, pod, role, self.scrape_timeout_s,
+                                       self._elastic.auth)
             if problem is None:
+                if (run := flips.container_run(pod)) is not None:
+                    self._said[run] = role  # the worker took it: its stats will say so
                 self.post_event("Flipped",
                                 f"pod {name} now serves the {role} role ({plan.reason})")
                 log.info("%s: flipped pod %s to the %s role", where, name, role)

@@ -5,7 +5,10 @@ the pods the plan removes marked cheapest to delete, so the ReplicaSet removes t
 
 The pod's home role is its Deployment's (its ``component`` label); its current role is runtime
 state in the worker, which comes back home when the pod restarts. Nothing is stored in the API:
-a flip the operator forgets (it restarts) is read back from the pods at the next tick.
+a flip the operator forgets (it restarts) is read back from the pods at the next tick. A busy
+pod's stats may miss the timeout: the operator then takes the role that run of the pod's worker
+container last told (:data:`Said`), not its home role, which would count a flipped pod in the
+role it left (and plan a new replica, or a second flip, for the role it serves).
 """
 
 from __future__ import annotations
@@ -42,15 +45,32 @@ def _name(pod: Mapping[str, Any]) -> str:
     return str(pod["metadata"]["name"])
 
 
-async def current_roles(session: aiohttp.ClientSession,
-                        pods: Mapping[str, Sequence[Mapping[str, Any]]],
-                        timeout_s: float, auth: Mapping[str, str]) -> dict[str, str]:
-    """Pod name -> the role its worker reports, for every ready pod that answers (one that
-    does not is taken to be in its home role, as a restarted pod is)."""
-    async def one(home: str, pod: Mapping[str, Any]) -> tuple[str, str]:
+# (pod uid, restarts of its worker container) -> the role that run of the worker last told.
+# One run: a restarted container is a new process, back in its home role.
+Said = Mapping[tuple[str, int], str]
+
+
+def container_run(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The key of :data:`Said` for ``pod``: its uid and its worker container's (the one
+    serving ``http``) restartCount; None without a uid."""
+    uid = pod["metadata"].get("uid")
+    if not uid:
+        return None
+    serving = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []
+               if any(p.get("name") == "http" for p in c.get("ports") or [])]
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    restarts = [int(c.get("restartCount") or 0) for c in statuses if c.get("name") in serving]
+    return str(uid), sum(restarts)
+
+
+async def reported_roles(session: aiohttp.ClientSession,
+                         pods: Mapping[str, Sequence[Mapping[str, Any]]],
+                         timeout_s: float, auth: Mapping[str, str]) -> dict[str, str]:
+    """Pod name -> the role its worker reports, for every ready pod that answers in time."""
+    async def one(pod: Mapping[str, Any]) -> tuple[str, str | None]:
         url = pod_url(pod)
         if url is None:
-            return _name(pod), home
+            return _name(pod), None
         try:
             async with session.get(url + "/internal/stats", headers=auth,
                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
@@ -58,11 +78,26 @@ async def current_roles(session: aiohttp.ClientSession,
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
             stats = {}
         role = stats.get("role") if isinstance(stats, dict) else None
-        return _name(pod), str(role) if role in ("prefill", "decode", "both") else home
+        return _name(pod), str(role) if role in ("prefill", "decode", "both") else None
 
-    found = await asyncio.gather(*(one(home, p) for home, ps in pods.items()
-                                   for p in live_pods(ps)))
-    return dict(found)
+    found = await asyncio.gather(*(one(p) for ps in pods.values() for p in live_pods(ps)))
+    return {name: role for name, role in found if role is not None}
+
+
+def roles_now(pods: Mapping[str, Sequence[Mapping[str, Any]]], reported: Mapping[str, str],
+              said: Said) -> tuple[dict[str, str], dict[tuple[str, int], str]]:
+    """Pod name -> current role of every live pod: what it reported now, else what this run
+    of its worker last told, else its home role (a pod never heard from: it starts there).
+    Also the new :data:`Said`, of the live pods only (a gone pod's entry is dropped)."""
+    roles, kept = {}, {}
+    for home, ps in pods.items():
+        for p in live_pods(ps):
+            run, name = container_run(p), _name(p)
+            known = said.get(run) if run is not None else None
+            roles[name] = reported.get(name) or known or home
+            if run is not None and (name in reported or known is not None):
+                kept[run] = roles[name]
+    return roles, kept
 
 
 def by_current_role(counts: Mapping[str, PodCounts], pods: Mapping[str, Sequence[Any]],
