@@ -75,8 +75,16 @@ class FakePod:
         return generate_latest(self.registry)
 
 
-class PodServers:
-    """Serves every FakePod on its own 127.0.0.1 port from a thread with its own event loop."""
+def metrics_reply(pod: FakePod) -> web.Response:
+    """A pod's ``/metrics``: one interval of traffic, or its failure status."""
+    if pod.profile.status != 200:
+        return web.Response(status=pod.profile.status, text="unavailable")
+    return web.Response(body=pod.render(), content_type="text/plain")
+
+
+class _ServedPods:
+    """Serves each fake pod's routes on its own 127.0.0.1 port, from a thread with its own event
+    loop (the tests and the operator under test call them from other threads)."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -84,27 +92,20 @@ class PodServers:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
-    def add(self, profile: Profile) -> tuple[FakePod, int]:
-        pod = FakePod(profile)
-
-        async def metrics(_: web.Request) -> web.Response:
-            if pod.profile.status != 200:
-                return web.Response(status=pod.profile.status, text="unavailable")
-            return web.Response(body=pod.render(), content_type="text/plain")
-
+    def serve(self, routes: list[web.RouteDef]) -> int:
+        """Start a pod's server with ``routes``; its port."""
         async def start() -> int:
             app = web.Application()
-            app.router.add_get("/metrics", metrics)
+            app.add_routes(routes)
             runner = web.AppRunner(app)
             await runner.setup()
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
-            site = web.SockSite(runner, sock)
-            await site.start()
+            await web.SockSite(runner, sock).start()
             self.runners.append(runner)
             return int(sock.getsockname()[1])
 
-        return pod, asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        return asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
 
     def close(self) -> None:
         async def stop() -> None:
@@ -116,16 +117,24 @@ class PodServers:
         self.thread.join(10)
 
 
-class Workers:
+class PodServers(_ServedPods):
+    """Pods that serve their ``/metrics`` (a router's, or a worker's of a fixed role)."""
+
+    def add(self, profile: Profile) -> tuple[FakePod, int]:
+        pod = FakePod(profile)
+
+        async def metrics(_: web.Request) -> web.Response:
+            return metrics_reply(pod)
+
+        return pod, self.serve([web.get("/metrics", metrics)])
+
+
+class Workers(_ServedPods):
     """Fake worker pods for elastic roles: ``/metrics`` as :class:`FakePod`, and
-    ``/internal/stats`` and ``/internal/role`` as a worker serves them, each pod on its own
-    127.0.0.1 port, served from one thread's loop."""
+    ``/internal/stats`` and ``/internal/role`` as a worker serves them."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runners: list[web.AppRunner] = []
+        super().__init__()
         self.flips: list[tuple[int, str]] = []  # (port, role) asked of each pod
         self.auth: set[str | None] = set()  # the Authorization headers /internal/* got
         self.slow: set[int] = set()  # ports that answer too late (a busy pod)...
@@ -133,14 +142,12 @@ class Workers:
 
     def add(self, profile: Profile) -> int:
         pod = FakePod(profile)
-        port_box: list[int] = []
+        port_box: list[int] = []  # the port is known once the server is up
 
         async def metrics(_: web.Request) -> web.Response:
             if port_box[0] in self.slow:
                 await asyncio.sleep(self.stall_s)
-            if pod.profile.status != 200:
-                return web.Response(status=pod.profile.status, text="unavailable")
-            return web.Response(body=pod.render(), content_type="text/plain")
+            return metrics_reply(pod)
 
         async def stats(request: web.Request) -> web.Response:
             self.auth.add(request.headers.get("Authorization"))
@@ -155,31 +162,10 @@ class Workers:
             pod.profile.role = wanted  # its figures now carry the new role, as a worker's do
             return web.json_response({"role": wanted})
 
-        async def start() -> int:
-            app = web.Application()
-            app.router.add_get("/metrics", metrics)
-            app.router.add_get("/internal/stats", stats)
-            app.router.add_post("/internal/role", role)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            await web.SockSite(runner, sock).start()
-            self.runners.append(runner)
-            return int(sock.getsockname()[1])
-
-        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        port_box.append(port)
-        return port
-
-    def close(self) -> None:
-        async def stop() -> None:
-            for runner in self.runners:
-                await runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        port_box.append(self.serve([web.get("/metrics", metrics),
+                                    web.get("/internal/stats", stats),
+                                    web.post("/internal/role", role)]))
+        return port_box[0]
 
 
 @contextlib.contextmanager

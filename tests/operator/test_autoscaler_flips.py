@@ -66,16 +66,24 @@ def decisions(emu: KubeEmulator) -> list[dict[str, Any]]:
     return list(((found.get("status") or {}).get("autoscaler") or {}).get("decisions") or [])
 
 
-def test_a_starved_prefill_role_gets_a_flipped_decode_pod(emu: KubeEmulator,
-                                                          workers: Workers) -> None:
-    spec: dict[str, Any] = {
-        "model": {"name": "m", "source": "m"}, "kvStore": {"managed": {}},
-        "prefill": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "ttftSeconds": 0.5}},
-        "decode": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "tpotSeconds": 1.0}},
-        "autoscaling": {"scaleDownDelaySeconds": 0}}
+def create_chat(emu: KubeEmulator, ttft_s: float = 0.5, **capacity: Any) -> None:
+    """Create the LLMService ``chat``: both roles autoscaled 1..2 replicas (prefill against a
+    TTFT of ``ttft_s``, decode a TPOT of 1 s), scaled down without delay; ``capacity`` goes
+    into both roles' autoscaling (``tokensPerSecondPerReplica``)."""
+    spec = {"model": {"name": "m", "source": "m"}, "kvStore": {"managed": {}},
+            "prefill": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2,
+                                        "ttftSeconds": ttft_s, **capacity}},
+            "decode": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "tpotSeconds": 1.0,
+                                       **capacity}},
+            "autoscaling": {"scaleDownDelaySeconds": 0}}
     client.CustomObjectsApi(emu.api_client()).create_namespaced_custom_object(*CR, {
         "apiVersion": "cleave.dev/v1alpha1", "kind": "LLMService",
         "metadata": {"name": "chat", "namespace": NS}, "spec": spec})
+
+
+def test_a_starved_prefill_role_gets_a_flipped_decode_pod(emu: KubeEmulator,
+                                                          workers: Workers) -> None:
+    create_chat(emu)
     with run_operator(emu, module=HANDLERS):
         eventually(lambda: replicas(emu, "chat-decode") == 1)
         client.AppsV1Api(emu.api_client()).patch_namespaced_deployment_scale(
@@ -122,16 +130,7 @@ def test_a_quiet_service_goes_down_to_one_pod_serving_both_roles(emu: KubeEmulat
                                                                  workers: Workers) -> None:
     """The one-worker floor on Kubernetes: the policy finds the load fits one worker (for the
     scale-down delay, 0 here), the operator flips one pod to ``both`` and removes the other."""
-    spec: dict[str, Any] = {
-        "model": {"name": "m", "source": "m"}, "kvStore": {"managed": {}},
-        "prefill": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "ttftSeconds": 2.0,
-                                    "tokensPerSecondPerReplica": 100000}},
-        "decode": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "tpotSeconds": 1.0,
-                                   "tokensPerSecondPerReplica": 100000}},
-        "autoscaling": {"scaleDownDelaySeconds": 0}}
-    client.CustomObjectsApi(emu.api_client()).create_namespaced_custom_object(*CR, {
-        "apiVersion": "cleave.dev/v1alpha1", "kind": "LLMService",
-        "metadata": {"name": "chat", "namespace": NS}, "spec": spec})
+    create_chat(emu, ttft_s=2.0, tokensPerSecondPerReplica=100000)
     with run_operator(emu, module=HANDLERS):
         eventually(lambda: replicas(emu, "chat-decode") == 1)
         # A trickle: tens of tokens/s against 100,000 per replica.
@@ -165,14 +164,7 @@ async def test_a_flipped_pod_whose_stats_time_out_is_not_replaced_by_a_new_repli
     in its new role (only a restart brings it home): the ticks after the flip must count it
     there, not plan a new prefill replica (a GPU for nothing) nor a second flip."""
     emu = plain_emu
-    spec: dict[str, Any] = {
-        "model": {"name": "m", "source": "m"}, "kvStore": {"managed": {}},
-        "prefill": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "ttftSeconds": 0.5}},
-        "decode": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "tpotSeconds": 1.0}},
-        "autoscaling": {"scaleDownDelaySeconds": 0}}
-    client.CustomObjectsApi(emu.api_client()).create_namespaced_custom_object(*CR, {
-        "apiVersion": "cleave.dev/v1alpha1", "kind": "LLMService",
-        "metadata": {"name": "chat", "namespace": NS}, "spec": spec})
+    create_chat(emu)
     kube = Kube(emu.api_client())
     await asyncio.to_thread(reconcile, kube, emu.get("llmservices", NS, "chat") or {})
     assert kube.scale(NS, "chat-decode", 2)

@@ -1,11 +1,16 @@
-"""Shared by the protocol tests: request bodies and the tables of bodies that must be refused."""
+"""Shared by the protocol tests: request bodies, the tables of bodies that must be refused, and
+the OpenAPI document's request schemas."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
+import jsonschema
+
 from cleave.runtime.serving import protocol as api
+from cleave.runtime.serving.openapi import openapi_document
 
 MODEL = "smollm2"
 SERVED = [MODEL]
@@ -18,6 +23,21 @@ def completion(**fields: Any) -> dict[str, Any]:
 
 def chat(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": CHAT, **fields}
+
+
+def request_schema(path: str) -> dict[str, Any]:
+    """The request body's schema of ``path`` in the document served for :data:`SERVED`, with
+    the components it refers to (a schema on its own)."""
+    doc = openapi_document(SERVED)
+    schema: dict[str, Any] = doc["paths"][path]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]
+    return {**schema, "components": doc["components"]}
+
+
+@functools.cache
+def request_validator(path: str) -> jsonschema.Draft202012Validator:
+    """A validator of :func:`request_schema` (built once: the fuzz tests call it per case)."""
+    return jsonschema.Draft202012Validator(request_schema(path))
 
 
 # -- validation: bad bodies -----------------------------------------------------------------

@@ -10,7 +10,6 @@ client's types."""
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from protocol_support import MODEL, SERVED, chat, completion
+from protocol_support import MODEL, SERVED, chat, completion, request_validator
 from pydantic import BaseModel
 from response_support import check_reply
 
@@ -74,20 +73,12 @@ EXAMPLES = ({"structured_outputs": {"json_object": None}},
             {"structured_outputs": {"regex": "a", "choice": None}})
 
 
-@functools.cache
-def _validator(path: str) -> jsonschema.Draft202012Validator:
-    doc = openapi_document(SERVED)
-    return jsonschema.Draft202012Validator(
-        {**doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"],
-         "components": doc["components"]})
-
-
 def _fields(model: type[BaseModel]) -> list[str]:
     return [*sorted(set(model.model_fields) - CROSS_RULES), "max_token", "nonsense"]
 
 
 def _agree(path: str, parse: Callable[..., object], body: dict[str, Any]) -> None:
-    validator = _validator(path)
+    validator = request_validator(path)
     try:
         parse(body, SERVED)
         accepted = True

@@ -5,28 +5,17 @@ values and refuses what no schema states, each a 400 naming the field."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
 import pytest
-from protocol_support import SERVED, chat, completion
+from protocol_support import SERVED, chat, completion, request_validator
 
 from cleave.runtime.serving import protocol as api
-from cleave.runtime.serving.openapi import openapi_document
 
 ENDPOINTS = [("/v1/completions", completion, api.parse_completion_request),
              ("/v1/chat/completions", chat, api.parse_chat_request)]
 Build = Callable[..., dict[str, Any]]
-
-
-@functools.cache
-def _validator(path: str) -> jsonschema.Draft202012Validator:
-    doc = openapi_document(SERVED)
-    return jsonschema.Draft202012Validator(
-        {**doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"],
-         "components": doc["components"]})
 
 
 @pytest.mark.parametrize("outputs, accepted", [
@@ -45,7 +34,7 @@ def test_structured_outputs_one_key_not_null_in_document_and_server(
         outputs: dict[str, Any], accepted: bool, path: str, build: Build,
         parse: Callable[..., Any]) -> None:
     body = build(structured_outputs=outputs)
-    assert _validator(path).is_valid(body) is accepted
+    assert request_validator(path).is_valid(body) is accepted
     if accepted:
         assert parse(body, SERVED).sampling_params(8).grammar is not None
         return

@@ -58,6 +58,19 @@ def _split_then_whole(stack: Stack, ask: Any) -> list[Any]:
     return answers
 
 
+def _completions_split_then_whole(stack: Stack, client: openai.OpenAI, extra: dict[str, Any],
+                                  max_tokens: int, seed: int) -> list[str]:
+    """A seeded completion under ``extra``'s constraint, split then whole: both texts (each
+    finished by the constraint, not cut at ``max_tokens``)."""
+    def ask(prompt: str) -> str:
+        got = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
+                                        temperature=1.0, seed=seed, extra_body=extra)
+        assert got.choices[0].finish_reason == "stop"
+        return got.choices[0].text
+
+    return _split_then_whole(stack, ask)
+
+
 def test_parse_returns_the_pydantic_object_split_or_whole(stack: Stack,
                                                           client: openai.OpenAI) -> None:
     def ask(prompt: str) -> Any:
@@ -78,13 +91,7 @@ def test_guided_choice_and_regex_on_completions(stack: Stack, client: openai.Ope
     for extra, check in (({"guided_choice": choices}, lambda t: t in choices),
                          ({"guided_regex": r"[a-f]{3}-[0-9]{1,3}"},
                           lambda t: re.fullmatch(r"[a-f]{3}-[0-9]{1,3}", t))):
-        def ask(prompt: str, extra: dict[str, Any] = extra) -> str:
-            got = client.completions.create(model="tiny", prompt=prompt, max_tokens=30,
-                                            temperature=1.0, seed=3, extra_body=extra)
-            assert got.choices[0].finish_reason == "stop"
-            return got.choices[0].text
-
-        texts = _split_then_whole(stack, ask)
+        texts = _completions_split_then_whole(stack, client, extra, max_tokens=30, seed=3)
         assert texts[0] == texts[1] and check(texts[0]), (extra, texts)
 
 
@@ -146,13 +153,7 @@ def test_guided_grammar_lark_and_gbnf(stack: Stack, client: openai.OpenAI) -> No
     for extra in ({"guided_grammar": 'start: ("yes" | "no") "-" /[a-c]{1,3}/'},
                   {"structured_outputs": {"grammar": 'root ::= ("yes" | "no") "-" [a-c] '
                                                      '[a-c]? [a-c]?'}}):
-        def ask(prompt: str, extra: dict[str, Any] = extra) -> str:
-            got = client.completions.create(model="tiny", prompt=prompt, max_tokens=20,
-                                            temperature=1.0, seed=5, extra_body=extra)
-            assert got.choices[0].finish_reason == "stop"
-            return got.choices[0].text
-
-        texts = _split_then_whole(stack, ask)
+        texts = _completions_split_then_whole(stack, client, extra, max_tokens=20, seed=5)
         assert texts[0] == texts[1] and re.fullmatch(pattern, texts[0]), (extra, texts)
         chat = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
