@@ -3,15 +3,19 @@
 Bodies are bytes that are not JSON, arbitrary JSON values, and near-valid completion and
 chat requests whose every field may hold any JSON value (NaN, huge integers, nested lists,
 unknown keys). Whatever the body: no 5xx, an error is an OpenAI-shaped JSON object, a 200 is a
-whole response (a stream ends with ``data: [DONE]`` and carries no error event), no process
-logs an unhandled exception, and the next valid request is served.
+whole response (a stream ends with ``data: [DONE]`` and carries no error event), every reply
+matches the OpenAPI document's response schema and the ``openai`` client's types
+(tests/runtime/response_support.py), no process logs an unhandled exception, and the next valid
+request is served.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +26,10 @@ from figures import report
 from fuzzing import SCALE, fuzz
 from hypothesis import strategies as st
 from up_stack import UpProcess, running_up
+
+sys.path.append(str(Path(__file__).parents[1] / "runtime"))
+
+from response_support import CHECKED, check_reply
 
 MAX_MODEL_LEN = 96  # bounds how long any generated request can run
 # Stands for the served model (a temp path) in generated bodies, so the cases do not depend on
@@ -105,13 +113,18 @@ def cases(draw: st.DrawFn) -> tuple[str, bytes]:
 
 
 def post(url: str, body: bytes) -> tuple[int, str, str]:
+    """POST ``body``: the reply's status, content type and text, the reply held to the response
+    schemas (a 5xx is left to :func:`check_answer`, which says more of it)."""
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+            status, content_type, raw = r.status, r.headers.get("Content-Type", ""), r.read()
     except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+        status, content_type, raw = e.code, e.headers.get("Content-Type", ""), e.read()
+    if status < 500:
+        check_reply("POST", urllib.parse.urlsplit(url).path, status, content_type, raw)
+    return status, content_type, raw.decode()
 
 
 def choices_asked(body: bytes) -> int:
@@ -147,6 +160,7 @@ def up(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_generated_bodies_never_break_the_api(up: UpProcess) -> None:
     statuses: dict[int, int] = {}
+    checked_before = CHECKED.copy()
     valid = json.dumps({"model": up.model, "prompt": "hello there", "max_tokens": 2}).encode()
 
     @fuzz(1000, cases())
@@ -166,6 +180,8 @@ def test_generated_bodies_never_break_the_api(up: UpProcess) -> None:
     assert "Error handling request" not in log and "Traceback" not in log, log[-3000:]
     assert sum(statuses.values()) >= 900 * SCALE
     assert statuses.get(200, 0) > 50 and statuses.get(400, 0) > 100  # both sides exercised
+    # Each case's reply and the valid request's after it were held to the response schemas.
+    assert (CHECKED - checked_before).total() == 2 * sum(statuses.values())
 
 
 def test_float_edge_values_are_refused_by_name(up: UpProcess) -> None:
