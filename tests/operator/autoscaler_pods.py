@@ -138,21 +138,24 @@ class Workers(_ServedPods):
         self.flips: list[tuple[int, str]] = []  # (port, role) asked of each pod
         self.auth: set[str | None] = set()  # the Authorization headers /internal/* got
         self.slow: set[int] = set()  # ports that answer too late (a busy pod)...
-        self.stall_s = 1.5  # ... by this much
+        self.stall_s = 1.5  # ... by this much...
+        self.slow_paths = {"/metrics", "/internal/stats"}  # ... on these paths
 
     def add(self, profile: Profile) -> int:
         pod = FakePod(profile)
         port_box: list[int] = []  # the port is known once the server is up
 
-        async def metrics(_: web.Request) -> web.Response:
-            if port_box[0] in self.slow:
+        async def stall(request: web.Request) -> None:
+            if port_box[0] in self.slow and request.path in self.slow_paths:
                 await asyncio.sleep(self.stall_s)
+
+        async def metrics(request: web.Request) -> web.Response:
+            await stall(request)
             return metrics_reply(pod)
 
         async def stats(request: web.Request) -> web.Response:
             self.auth.add(request.headers.get("Authorization"))
-            if port_box[0] in self.slow:
-                await asyncio.sleep(self.stall_s)
+            await stall(request)
             return web.json_response({"role": pod.profile.role, "kv_usage": 0.0})
 
         async def role(request: web.Request) -> web.Response:
@@ -160,6 +163,7 @@ class Workers(_ServedPods):
             wanted = (await request.json())["role"]
             self.flips.append((port_box[0], wanted))
             pod.profile.role = wanted  # its figures now carry the new role, as a worker's do
+            await stall(request)  # a busy worker: switched, but its answer comes too late
             return web.json_response({"role": wanted})
 
         port_box.append(self.serve([web.get("/metrics", metrics),

@@ -103,9 +103,9 @@ class KubeBackend:
         self.post_event: PostEvent = lambda reason, message: None
         self._replicas: dict[str, int] = {}  # each worker Deployment's, as last observed
         self._elastic: _Elastic | None = None
-        # Each live pod's role as its worker last told it (stats or an accepted flip), for a
-        # tick its stats miss (flips.roles_now). Lost on a restart: pods are then in their home
-        # role until they answer, as before a flip.
+        # Each live pod's role as its worker last told it (stats, or a flip taken or left
+        # unanswered: flips.after_flip), for a tick its stats miss (flips.roles_now). Lost on a
+        # restart: pods are then in their home role until they answer, as before a flip.
         self._said: dict[tuple[str, int], str] = {}
 
     def _spec(self) -> LLMServiceSpec:
@@ -207,23 +207,29 @@ class KubeBackend:
     async def carry_out(self, plan: FlipPlan, now: float) -> bool:
         """Flip the pods the plan names, then set each home Deployment's replicas (a
         scale-down lets the ReplicaSet pick: not-ready pods first). False if any step failed
-        (the next tick plans again from what is)."""
+        (the next tick plans again from what is); a flip left unanswered is not a failure: the
+        pod counts in the role asked until its stats tell (flips.after_flip)."""
         spec, session = self._spec(), self._session()
         assert self._elastic is not None
         where = f"{spec.namespace}/{spec.name}"
         ok = True
         for name, role in plan.flips:
             pod = self._elastic.pods[name]
-            problem = await flips.flip(session, pod, role, self.scrape_timeout_s,
-                                       self._elastic.auth)
-            if problem is None:
-                if (run := flips.container_run(pod)) is not None:
-                    self._said[run] = role  # the worker took it: its stats will say so
+            answer = await flips.flip(session, pod, role, self.scrape_timeout_s,
+                                      self._elastic.auth)
+            self._said = flips.after_flip(self._said, flips.container_run(pod), role,
+                                          answer.outcome)
+            if answer.outcome is flips.Outcome.TAKEN:
                 self.post_event("Flipped",
                                 f"pod {name} now serves the {role} role ({plan.reason})")
                 log.info("%s: flipped pod %s to the %s role", where, name, role)
+            elif answer.outcome is flips.Outcome.UNKNOWN:
+                log.warning("%s: pod %s did not answer its flip to %s (%s): counted in %s "
+                            "until its stats tell its role", where, name, role, answer.detail,
+                            role)
             else:
-                log.warning("%s: cannot flip pod %s to %s: %s", where, name, role, problem)
+                log.warning("%s: cannot flip pod %s to %s: %s", where, name, role,
+                            answer.detail)
                 ok = False
         for home, n in plan.replicas.items():
             was = self._replicas.get(home, n)

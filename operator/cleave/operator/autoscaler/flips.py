@@ -8,14 +8,17 @@ state in the worker, which comes back home when the pod restarts. Nothing is sto
 a flip the operator forgets (it restarts) is read back from the pods at the next tick. A busy
 pod's stats may miss the timeout: the operator then takes the role that run of the pod's worker
 container last told (:data:`Said`), not its home role, which would count a flipped pod in the
-role it left (and plan a new replica, or a second flip, for the role it serves).
+role it left (and plan a new replica, or a second flip, for the role it serves). A flip whose
+answer never came counts too (:func:`after_flip`): a busy worker may switch and answer late.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -128,17 +131,47 @@ def auth(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+class Outcome(enum.Enum):
+    """What a flip's ``POST /internal/role`` tells of the worker's role."""
+
+    TAKEN = "taken"  # 200: it serves the role asked
+    REFUSED = "refused"  # another answer, or the request never reached it: its role is as was
+    UNKNOWN = "unknown"  # sent, but no answer (a timeout, a dropped connection): either role
+
+
+@dataclass(frozen=True)
+class FlipAnswer:
+    outcome: Outcome
+    detail: str = ""  # why not taken
+
+
 async def flip(session: aiohttp.ClientSession, pod: Mapping[str, Any], role: str,
-               timeout_s: float, headers: Mapping[str, str]) -> str | None:
-    """Ask one pod's worker to take ``role``; None when done, else why not."""
+               timeout_s: float, headers: Mapping[str, str]) -> FlipAnswer:
+    """Ask one pod's worker to take ``role``."""
     url = pod_url(pod)
     if url is None:
-        return "not ready"
+        return FlipAnswer(Outcome.REFUSED, "not ready")
     try:
         async with session.post(url + "/internal/role", json={"role": role}, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status == 200:
-                return None
-            return f"HTTP {r.status}: {(await r.text())[:200]}"
+                return FlipAnswer(Outcome.TAKEN)
+            return FlipAnswer(Outcome.REFUSED, f"HTTP {r.status}: {(await r.text())[:200]}")
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+        return FlipAnswer(Outcome.REFUSED, type(e).__name__)  # no connection: nothing was sent
     except (aiohttp.ClientError, TimeoutError) as e:
-        return type(e).__name__
+        return FlipAnswer(Outcome.UNKNOWN, type(e).__name__)
+
+
+def after_flip(said: Said, run: tuple[str, int] | None, role: str,
+               outcome: Outcome) -> dict[tuple[str, int], str]:
+    """The :data:`Said` after asking the worker of ``run`` (:func:`container_run`) to take
+    ``role``. Taken: it serves ``role``. Unknown: a busy worker may have switched and answered
+    too late, and its stats then miss the timeout too; in its home role the pod would get a
+    second flip, or a new replica started, for the shortfall it may already meet. So it counts
+    in ``role`` until its stats answer (:func:`roles_now`: what a pod reports wins), and a flip
+    it never took is planned again then. Refused: nothing changed."""
+    kept = dict(said)
+    if run is not None and outcome is not Outcome.REFUSED:
+        kept[run] = role
+    return kept
