@@ -59,7 +59,7 @@ def tiny_hf_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
 # handed out a file at a time, so a module's stack (its module-scoped fixtures: servers,
 # clusters) starts once, on one process; a folder in ONE_PROCESS is handed out whole (the
 # local node takes a machine-wide lock, and its tests run one node after another). Files go
-# out in collection order (``--no-loadscope-reorder`` in pyproject.toml), which puts the
+# out in collection order (the scheduler below turns loadscope's reordering off), which puts the
 # folders whose tests start processes first: the long files never form the tail while the
 # other processes wait, and the quick unit tests fill in at the end.
 FIRST = ("cluster", "reliability", "runtime", "charts", "kv_store")
@@ -76,8 +76,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: each file's tests stay together and in order
 
 
+@pytest.hookimpl(optionalhook=True)  # the suite also runs without xdist (`-p no:xdist`)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # hand files out in collection order (above)
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

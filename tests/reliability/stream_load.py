@@ -20,8 +20,10 @@ request ends in one ``Outcome``:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import random
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -212,6 +214,26 @@ class LoadResult:
     def ttft_quantile(self, q: float) -> float:
         ttfts = sorted(o.ttft for o in self.outcomes if o.status == "ok" and o.ttft is not None)
         return ttfts[min(len(ttfts) - 1, math.ceil(q * len(ttfts)) - 1)]
+
+    def ttft_over_neighbours(self, q: float, window: float) -> float:
+        """The ``q`` quantile, over requests, of a request's TTFT over the median TTFT of the
+        requests that started within ``window`` / 2 seconds of it.
+
+        A load-independent fairness figure: a burst of work elsewhere on the machine slows
+        every request of its moment alike, so the ratio stays near 1, while a request left
+        waiting behind later ones (a stuck queue, a lost wake-up) stands out from its own
+        neighbours whatever the machine's pace.
+        """
+        timed = sorted((o.start, o.ttft) for o in self.outcomes
+                       if o.status == "ok" and o.ttft is not None)
+        starts = [s for s, _ in timed]
+        ratios = []
+        for start, ttft in timed:
+            lo = bisect.bisect_left(starts, start - window / 2)
+            hi = bisect.bisect_right(starts, start + window / 2)
+            ratios.append(ttft / max(statistics.median(t for _, t in timed[lo:hi]), 1e-3))
+        ratios.sort()
+        return ratios[min(len(ratios) - 1, math.ceil(q * len(ratios)) - 1)]
 
     def overlapping(self, start: float, end: float) -> list[Outcome]:
         """Requests in flight at some point of ``[start, end)``."""

@@ -20,9 +20,14 @@ REQUEST_TIMEOUT = 30.0
 WARMUP = 10.0  # RSS is compared from here on: allocator pools and caches fill up first
 MAX_RSS_GROWTH = 64 << 20  # per process over the 50 s after warm-up
 # Fairness, not speed (a loaded CI box sets the pace): 64 clients queue on two cores, so the
-# median TTFT is seconds and the p99 under twice it; a request left waiting while others are
-# served (a stuck queue, a lost wake-up) shows as a tail far beyond the median.
-MAX_P99_TTFT_OVER_P50 = 4.0
+# median TTFT is seconds. Each request's TTFT is set against the median of the requests that
+# started within NEIGHBOURS_S / 2 of it, not the run's median: other work on the machine (other
+# test processes) slows a whole stretch of the run alike, which moved the run-wide p99/p50 to
+# 5x in a parallel CI run, while a request left waiting as others are served (a stuck queue, a
+# lost wake-up) stands out from its own neighbours at any pace. Quiet runs: p99 of the ratio
+# about 1.5-2.
+NEIGHBOURS_S = 5.0
+MAX_P99_TTFT_OVER_NEIGHBOURS = 4.0
 MiB = 1 << 20
 
 
@@ -44,6 +49,7 @@ async def test_sixty_seconds_of_64_streaming_clients(tiny_model_dir: Path,
                  for p in ("disaggregated", "decode_only")}
         assert "restarting" not in up.log_text(), "a process died under load"
 
+    fair = result.ttft_over_neighbours(0.99, NEIGHBOURS_S)
     growth = {name: rss["end"][name] - rss["warm"][name] for name in pids}
     report("load", clients=CLIENTS, duration_s=DURATION, requests=len(result.outcomes),
            completed=result.count("ok"), retryable=result.count("retryable"),
@@ -51,6 +57,7 @@ async def test_sixty_seconds_of_64_streaming_clients(tiny_model_dir: Path,
            requests_per_s=round(len(result.outcomes) / result.duration, 1),
            ttft_p50_s=round(result.ttft_quantile(0.5), 3),
            ttft_p99_s=round(result.ttft_quantile(0.99), 3),
+           ttft_p99_over_neighbours=round(fair, 2),
            rss_growth_mib={n: round(g / MiB, 1) for n, g in growth.items()},
            rss_end_mib={n: round(v / MiB) for n, v in rss["end"].items()},
            routing=paths)
@@ -59,6 +66,5 @@ async def test_sixty_seconds_of_64_streaming_clients(tiny_model_dir: Path,
     assert len(result.outcomes) >= 10 * CLIENTS, "far too few requests: clients were stuck"
     assert max(o.end for o in result.outcomes) >= DURATION, "clients stopped early"
     assert paths["disaggregated"] > 0 and paths["decode_only"] > 0, paths
-    p50, p99 = result.ttft_quantile(0.5), result.ttft_quantile(0.99)
-    assert p99 < MAX_P99_TTFT_OVER_P50 * p50, (p50, p99)
+    assert fair < MAX_P99_TTFT_OVER_NEIGHBOURS, fair
     assert max(growth.values()) < MAX_RSS_GROWTH, {n: g / MiB for n, g in growth.items()}
