@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from cleave.runtime.engine import sampler
 from cleave.runtime.engine.outputs import RequestOutput
 from cleave.runtime.engine.sequence import SamplingParams, Sequence, TokenLogprob
 
@@ -120,3 +121,45 @@ def test_a_recomputed_chunk_scores_nothing_twice() -> None:
     assert seq.scores_prompt
     seq.prompt_logprobs += [TokenLogprob(t, 0.0) for t in range(5, 10)]
     assert not seq.scores_prompt and seq.prompt_positions(0, 10) == range(0)
+
+
+def _recording_log_softmax(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every batched log_softmax (a sampled token's is one row, 1-D)."""
+    rows: list[int] = []
+    log_softmax = torch.log_softmax
+
+    def recording(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        rows.append(x.shape[0] if x.dim() == 2 else 1)
+        return log_softmax(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "log_softmax", recording)
+    return rows
+
+
+def test_scoring_in_slices_gives_what_scoring_at_once_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    logits = torch.randn(10, 64, generator=torch.Generator().manual_seed(0)) * 4
+    targets = torch.randint(0, 64, (10,), generator=torch.Generator().manual_seed(1)).tolist()
+    whole = sampler.prompt_logprobs(logits, targets, TOP)
+    rows = _recording_log_softmax(monkeypatch)
+    monkeypatch.setattr(sampler, "SCORE_ROWS", 3, raising=False)
+    sliced = sampler.prompt_logprobs(logits, targets, TOP)
+    assert rows == [3, 3, 3, 1]
+    assert [(s.token_id, s.rank, [t for t, _ in s.top]) for s in sliced] == \
+        [(w.token_id, w.rank, [t for t, _ in w.top]) for w in whole]
+    for s, w in zip(sliced, whole, strict=True):
+        assert s.logprob == pytest.approx(w.logprob, abs=1e-6)
+        assert [x for _, x in s.top] == pytest.approx([x for _, x in w.top], abs=1e-6)
+
+
+def test_a_long_chunk_is_scored_a_bounded_number_of_rows_at_a_time(
+        tiny_engine_factory, tiny_hf_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a chunk's every scored row went through one log_softmax (and one comparison for
+    the ranks): [chunk tokens, vocabulary] each, on top of the logits."""
+    engine = tiny_engine_factory(max_num_batched_tokens=64)
+    rows = _recording_log_softmax(monkeypatch)
+    monkeypatch.setattr(sampler, "SCORE_ROWS", 8, raising=False)
+    prompt = _prompt(60, seed=7)
+    [out] = engine.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=TOP))
+    assert sum(rows) >= len(prompt) - 1 and max(rows) == 8, rows  # every row, 8 at most
+    _check(out.prompt_logprobs, prompt, _reference(tiny_hf_model, prompt))

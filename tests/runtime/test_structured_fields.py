@@ -5,13 +5,14 @@ values and refuses what no schema states, each a 400 naming the field."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 from protocol_support import SERVED, chat, completion, request_validator
 
 from cleave.runtime.serving import protocol as api
+from cleave.runtime.serving import structured_fields
 
 ENDPOINTS = [("/v1/completions", completion, api.parse_completion_request),
              ("/v1/chat/completions", chat, api.parse_chat_request)]
@@ -93,3 +94,22 @@ def test_text_and_nulls_ask_for_no_grammar() -> None:
     assert req.sampling_params(8).grammar is not None
     plain = api.parse_completion_request(completion(response_format={"type": "text"}), SERVED)
     assert plain.sampling_params(8).grammar is None
+
+
+def test_streamed_prompt_logprobs_are_refused_before_any_grammar_is_compiled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled: list[object] = []
+    compile_grammar = structured_fields.grammar
+
+    def recording(asked: Mapping[str, object]) -> str | None:
+        compiled.append(asked)
+        return compile_grammar(asked)
+
+    monkeypatch.setattr(structured_fields, "grammar", recording)
+    with pytest.raises(api.APIError) as refused:
+        api.parse_completion_request(completion(
+            stream=True, prompt_logprobs=1, guided_regex="(["), SERVED)  # both are wrong
+    assert refused.value.param == "prompt_logprobs"
+    assert compiled == []  # the refusal cost no compile
+    api.parse_completion_request(completion(guided_regex="[a-c]+"), SERVED)
+    assert len(compiled) == 1  # the recording sees the compiles that do happen

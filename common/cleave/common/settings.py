@@ -36,6 +36,10 @@ ROLES = ("prefill", "decode", "both")
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json")  # serving/tools.py's
 PROMPT_TOKENS_DETAILS = ("show", "hide")
+# Prompt logprobs in one response (prompt tokens x (top + 1) x n), each about 70 bytes of
+# JSON and 7 us of the router's CPU: 500,000 is a 24,000-token prompt at top 20, 34 MB
+# (docs/architecture.md, Prompt logprobs).
+DEFAULT_MAX_PROMPT_SCORES = 500_000
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,10 @@ class RoutingSettings(Settings):
         "without --enable-prompt-tokens-details): how much of a prompt was cached tells a "
         "client whether others sent the same prefix (see cache_salt)",
         choices=PROMPT_TOKENS_DETAILS)
+    max_prompt_scores: int = setting(
+        DEFAULT_MAX_PROMPT_SCORES, "the most prompt logprobs one response may carry: prompt "
+        "tokens x (prompt_logprobs + 1) x n, an echo's logprobs counted alike; beyond it, 400",
+        parse=int, metavar="N")
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,16 @@ distribution, before any of that (vLLM's default, "raw" logprobs).
 from __future__ import annotations
 
 import itertools
+from typing import Final
 
 import torch
 
 from cleave.runtime.engine.grammar import mask_words
 from cleave.runtime.engine.sequence import Sequence, TokenLogprob
 
+# Prompt positions scored at once (prompt_logprobs): their temporaries are this many rows of
+# the vocabulary, 150 MB in fp32 for 152k tokens, whatever the chunk's length.
+SCORE_ROWS: Final = 256
 _MIX = 6364136223846793005
 _MASK63 = (1 << 63) - 1
 
@@ -190,7 +194,18 @@ def prompt_logprobs(logits: torch.Tensor, targets: list[int], top_n: int
                     ) -> list[TokenLogprob]:
     """Prompt logprobs (vLLM's): row ``i`` of fp32 ``logits`` scores token ``targets[i]``,
     with its rank (1 + the tokens likelier than it) and the row's top ``top_n``. Raw, as the
-    sampled tokens' are: the model's distribution, before any sampling rule."""
+    sampled tokens' are: the model's distribution, before any sampling rule.
+
+    ``SCORE_ROWS`` rows at a time: the log_softmax and the rank's comparison each make a
+    tensor the size of their input, which for a whole chunk (2,048 rows of a 152k vocabulary:
+    1.2 GB in fp32) could run the device out of memory the step needs."""
+    out: list[TokenLogprob] = []
+    for lo in range(0, len(targets), SCORE_ROWS):
+        out += _score_rows(logits[lo:lo + SCORE_ROWS], targets[lo:lo + SCORE_ROWS], top_n)
+    return out
+
+
+def _score_rows(logits: torch.Tensor, targets: list[int], top_n: int) -> list[TokenLogprob]:
     lp = torch.log_softmax(logits, dim=-1)
     chosen = lp.gather(1, torch.tensor(targets, device=lp.device)[:, None])
     ranks = ((lp > chosen).sum(-1) + 1).tolist()

@@ -42,7 +42,8 @@ class Admission:
             self.active -= 1
 
     async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` on the tokenizer thread."""
+        """``fn(*args, **kwargs)`` on the tokenizer thread: tokenizing, and building a whole
+        response (whose tokens' texts the tokenizer decodes; with prompt scores, seconds)."""
         call = functools.partial(fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 

@@ -207,7 +207,8 @@ def _serve_router(s: RouterSettings) -> int:
         internal_token=secret(s.internal_token_file, INTERNAL_TOKEN_ENV),
         workers_file=s.workers_file, hold_timeout_seconds=r.hold_timeout or 0.0,
         ttft_target_seconds=r.ttft_target or None, tool_call_parser=r.tool_call_parser,
-        show_cached_tokens=r.prompt_tokens_details == "show")
+        show_cached_tokens=r.prompt_tokens_details == "show",
+        max_prompt_scores=r.max_prompt_scores)
     max_len = min(s.max_model_len or shape.max_position_embeddings,
                   shape.max_position_embeddings)
     router = Router(config, load_tokenizer(files), max_len, shape.vocab_size)

@@ -67,6 +67,8 @@ async def decode_stream(fleet: Fleet, rid: str, payload: GenerateRequest, sent: 
         except WorkerRejected as e:
             if e.status == 424:  # KV missing under policy "fail"
                 raise api.APIError(503, str(e), "service_unavailable") from None
+            if e.status >= 500:
+                raise api.APIError(502, str(e), "server_error", code="worker_failed") from None
             raise api.APIError(400, str(e)) from None
         except WorkerUnavailable as e:
             deadline.remaining()  # a 504 if that attempt used up the request's time

@@ -9,10 +9,14 @@ the router turns into that line). With ``n`` choices, sequence 0 alone asks for 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
+
+from pydantic import TypeAdapter
 
 from cleave.runtime.engine.sequence import TokenLogprob
+from cleave.runtime.serving import response_models as rm
 from cleave.runtime.serving.json_fields import APIError
 from cleave.runtime.serving.response_models import MIN_LOGPROB as MIN_LOGPROB
 from cleave.runtime.serving.wire import LineLogprob, TokenLine
@@ -20,6 +24,7 @@ from cleave.runtime.serving.wire import LineLogprob, TokenLine
 # Plain dicts in the shapes of response_models.py, whose models validate each response whole
 # (and clamp -inf and NaN logprobs to MIN_LOGPROB: JSON has neither).
 JSONObject = dict[str, Any]
+_PROMPT_LOGPROBS: Final = TypeAdapter(rm.PromptLogprobs)
 
 
 def completion_logprobs(logprobs: Sequence[TokenLogprob], token_text: Callable[[int], str],
@@ -67,6 +72,19 @@ class PromptScores:
         self.top = top
         self.echo_top = echo_top
         self._entries: list[LineLogprob] | None = None
+        self._echoed: list[TokenLogprob] | None = None
+
+    def check_size(self, prompt_tokens: int, choices: int, limit: int) -> None:
+        """A 400 when the response would carry more than ``limit`` scores: prompt tokens x
+        (top + 1) x choices, for the field and for an echo each. Building, validating and
+        sending them costs about that many entries' work (docs/architecture.md)."""
+        per_token = sum(top + 1 for top in (self.top, self.echo_top) if top is not None)
+        count = prompt_tokens * per_token * choices
+        if count > limit:
+            raise APIError(
+                400, f"this response would carry {count} prompt logprobs ({prompt_tokens} "
+                f"prompt tokens x (top + 1) x {choices} choices); this server allows {limit}",
+                param="prompt_logprobs" if self.top is not None else "logprobs")
 
     def take(self, line: TokenLine) -> None:
         """Keep the scores a line carries (the first that does: there is one)."""
@@ -80,13 +98,15 @@ class PromptScores:
                            code="worker_failed")
         return self._entries
 
-    def field(self, token_text: Callable[[int], str]) -> list[JSONObject | None]:
+    def field(self, token_text: Callable[[int], str]) -> rm.PromptLogprobs:
         """vLLM's ``prompt_logprobs``: null for the first token, then for each one
         ``{token id: {logprob, rank, decoded_token}}``, the prompt's own token first, then the
-        likeliest ``top`` (which may hold it: it is listed once)."""
+        likeliest ``top`` (which may hold it: it is listed once). Validated here, once: every
+        choice shows this one list, which a response's model then takes as it is."""
+        text = functools.cache(token_text)  # the likeliest tokens recur: each decoded once
+
         def one(token_id: int, logprob: float, rank: int | None) -> JSONObject:
-            return {"logprob": logprob, "rank": rank,
-                    "decoded_token": token_text(token_id)}
+            return {"logprob": logprob, "rank": rank, "decoded_token": text(token_id)}
 
         out: list[JSONObject | None] = [None]
         for e in self.entries:
@@ -94,12 +114,13 @@ class PromptScores:
             for rank, (token_id, logprob) in enumerate(e.top[:self.top], start=1):
                 scores.setdefault(str(token_id), one(token_id, logprob, rank))
             out.append(scores)
-        return out
+        return _PROMPT_LOGPROBS.validate_python(out)
 
     def echoed(self, generated: list[TokenLogprob]) -> tuple[list[int], list[TokenLogprob]]:
         """An echo's legacy logprobs, as (unscored tokens in front, scored ones): the prompt's
         first token, then the rest of the prompt with its top ``echo_top``, then
         ``generated``."""
-        prompt = [TokenLogprob(e.token_id, e.logprob, tuple(e.top[:self.echo_top]))
-                  for e in self.entries]
-        return [self.first_token], prompt + generated
+        if self._echoed is None:  # the same for every choice
+            self._echoed = [TokenLogprob(e.token_id, e.logprob, tuple(e.top[:self.echo_top]))
+                            for e in self.entries]
+        return [self.first_token], self._echoed + generated

@@ -137,12 +137,17 @@ class _Request(Body):
                            code="model_not_found")
         return model
 
+    # The model's checks run in this order: the cheap ones before the grammar's compile.
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self) -> _Request:
+        if self.stream and self.prompt_logprobs is not None:  # vLLM refuses it too
+            raise fail("'prompt_logprobs' cannot be streamed", "prompt_logprobs")
+        return self
+
     @model_validator(mode="after")
     def _compile_grammar(self) -> _Request:
         asked = {name: getattr(self, name) for name in structured_fields.FIELDS}
         self._grammar = structured_fields.grammar(asked)  # APIError naming the field
-        if self.stream and self.prompt_logprobs is not None:  # vLLM refuses it too
-            raise fail("'prompt_logprobs' cannot be streamed", "prompt_logprobs")
         return self
 
     @property

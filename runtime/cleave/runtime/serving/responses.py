@@ -187,6 +187,11 @@ class StreamWriter:
         # Streamed, only an echo shows them (protocol refuses prompt_logprobs with stream).
         self.prompt = prompt if prompt is not None and prompt.echo_top is not None else None
 
+    def heavy(self, index: int) -> bool:
+        """Whether choice ``index``'s next chunk carries the echoed prompt's logprobs (its
+        first does): one worth building off the event loop."""
+        return self.prompt is not None and index not in self.started
+
     def chunks(self, line: TokenLine, index: int = 0) -> list[bytes]:
         text = line.text
         first = index not in self.started
@@ -268,11 +273,15 @@ def final_response(request_id: str, model: str, chat: bool,
             head, lps = prompt.echoed(lps)
         built.append(_completion_choice(index, echo + text, reason, completion_logprobs(
             lps, token_text, 0 if head else len(echo), head) if want_logprobs else None))
-        if scores is not None:  # vLLM's: on each choice
-            built[-1]["prompt_logprobs"] = scores
-    body = {"id": request_id, "created": int(time.time()), "model": model, "choices": built,
-            "usage": _total_usage([lines[-1] for lines in choices])}
-    if chat and scores is not None:  # vLLM's: on the response
-        body["prompt_logprobs"] = scores
     kind = rm.ChatCompletion if chat else rm.Completion
-    return kind.model_validate(body)
+    whole = kind.model_validate({
+        "id": request_id, "created": int(time.time()), "model": model, "choices": built,
+        "usage": _total_usage([lines[-1] for lines in choices])})
+    if scores is None:
+        return whole
+    # Validated once, by field(): each choice holds that one list, not a copy validated again
+    # (n copies cost n times the prompt's scores, which can take seconds).
+    if isinstance(whole, rm.ChatCompletion):  # vLLM's: on the response
+        return whole.model_copy(update={"prompt_logprobs": scores})
+    return whole.model_copy(update={"choices": [  # vLLM's: on each choice
+        c.model_copy(update={"prompt_logprobs": scores}) for c in whole.choices]})

@@ -23,17 +23,18 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
 
+from cleave.common.settings import DEFAULT_MAX_PROMPT_SCORES
 from cleave.kv_store.redis_config import RedisStoreConfig
 from cleave.runtime import metrics
 from cleave.runtime.engine.sequence import SamplingParams
-from cleave.runtime.serving import chat_models, choices, responses, tools
+from cleave.runtime.serving import chat_models, choices, replies, responses, tools
 from cleave.runtime.serving import protocol as api
 from cleave.runtime.serving.admission import Admission
 from cleave.runtime.serving.deadline import Deadline
@@ -95,6 +96,8 @@ class RouterConfig:
     # usage.prompt_tokens_details.cached_tokens in responses; False: null (docs/operations.md,
     # Security model: it says whether others sent the same prefix).
     show_cached_tokens: bool = True
+    # The most prompt logprobs one response may carry (PromptScores.check_size): a 400 beyond.
+    max_prompt_scores: int = DEFAULT_MAX_PROMPT_SCORES
 
     def __post_init__(self) -> None:
         if not self.decode_urls and self.workers_file is None:
@@ -173,15 +176,10 @@ class Router:
             if request.path.startswith(("/v1/", "/internal/", "/tokenize", "/detokenize")):
                 self._authorize(request)
             response: web.StreamResponse = await handler(request)
-        except api.APIError as e:
-            headers = {"X-Request-Id": rid}
-            if e.status in (429, 503):
-                headers["Retry-After"] = "1"
-            log.info("request %s -> %d %s", rid, e.status, e.message)
-            return responses.json_reply(e.reply(), e.status, headers)
-        except web.HTTPException as e:
-            err = api.APIError(e.status, e.reason or "error")
-            return responses.json_reply(err.reply(), e.status, {"X-Request-Id": rid})
+        except ConnectionResetError:
+            raise  # the client left while its answer was written: nobody to tell
+        except Exception as e:  # every answer in OpenAI's shape, a bug's too (logged there)
+            return replies.error_reply(e, rid)
         if not response.prepared:
             response.headers["X-Request-Id"] = rid
         return response
@@ -277,13 +275,15 @@ class Router:
         want_lps = params.logprobs is not None
         prompt = None if params.prompt_logprobs is None else PromptScores(
             ids[0], parsed.prompt_logprobs, parsed.echo_logprobs)
+        if prompt is not None:  # before any worker is called: a 400 when there are too many
+            prompt.check_size(len(ids), parsed.n, self.config.max_prompt_scores)
         body_id = ("chatcmpl-" if chat else "cmpl-") + rid  # vLLM's and OpenAI's prefixes
         if parsed.stream:  # never ranked: protocol refuses best_of > n streamed
             writer = responses.StreamWriter(body_id, self.config.model, chat,
                                             parsed.include_usage, self._token_text,
                                             want_lps, choices=count, echo=echo,
                                             tools=streams, prompt=prompt)
-            return await _stream(request, events, writer, rid)
+            return await replies.stream(request, events, writer, rid, self.admission)
         lines: list[list[TokenLine]] = [[] for _ in range(count)]
         async for index, line in events:
             lines[index].append(line)
@@ -291,9 +291,10 @@ class Router:
                 prompt.take(line)  # sequence 0's, which ranking may leave out
         if ranked:
             lines = choices.best(lines, parsed.n)
-        return responses.json_reply(responses.final_response(
-            body_id, self.config.model, chat, lines, self._token_text, want_lps, echo,
-            streams, prompt))
+        return await self.admission.off_loop(  # a big body (prompt scores) takes seconds
+            lambda: responses.json_reply(responses.final_response(
+                body_id, self.config.model, chat, lines, self._token_text, want_lps, echo,
+                streams, prompt)))
 
     def _token_text(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
@@ -372,27 +373,3 @@ async def _json(request: web.Request) -> Any:
         raise api.APIError(408, "the request body was not sent in time") from None
     except (ValueError, RecursionError):  # deep nesting exhausts the parser's stack: a 400
         raise api.APIError(400, "the request body is not valid JSON") from None
-
-
-async def _stream(request: web.Request, events: AsyncIterator[tuple[int, TokenLine]],
-                  writer: responses.StreamWriter, rid: str) -> web.StreamResponse:
-    """SSE: nothing is sent until the first token, so early failures are ordinary errors."""
-    response: web.StreamResponse | None = None
-    try:
-        async for index, line in events:
-            if response is None:
-                response = web.StreamResponse(headers={
-                    "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                    "X-Request-Id": rid})
-                await response.prepare(request)
-            for chunk in writer.chunks(line, index):
-                await response.write(chunk)
-    except api.APIError as e:
-        if response is None:
-            raise
-        metrics.ROUTER_ERRORS.labels(str(e.status)).inc()  # the status said 200
-        await response.write(responses.sse(e.reply()))  # headers are gone: error goes in-band
-    assert response is not None
-    await response.write(responses.SSE_DONE)
-    await response.write_eof()
-    return response

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 from pydantic import ValidationError
 
 from cleave.runtime.serving.routing import WorkerState, updated_rate
@@ -23,6 +24,7 @@ from cleave.runtime.serving.wire import (
     TokenLine,
     WorkerStats,
     error_message,
+    prompt_scores_bytes,
 )
 
 log = logging.getLogger("cleave.router")
@@ -34,7 +36,8 @@ class WorkerUnavailable(RuntimeError):
 
 
 class WorkerRejected(ValueError):
-    """A worker refused the request itself (4xx): retrying elsewhere would not help."""
+    """A worker refused the request itself (4xx), or answered what no worker should (502):
+    retrying elsewhere would not help."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
@@ -232,13 +235,19 @@ class WorkerPool:
                         raise WorkerRejected(error_message(await r.read()), r.status)
                     if r.status != 200:
                         raise WorkerUnavailable(f"decode worker {url} answered {r.status}")
-                    async for raw in r.content:
+                    # A line may hold the prompt's scores: allowed their size beyond the
+                    # reader's usual bound, which they would overrun.
+                    limit = r.content.get_read_buffer_limits()[1] + prompt_scores_bytes(payload)
+                    while raw := await r.content.readline(max_line_length=limit):
                         if not raw.strip():
                             continue
                         line = TokenLine.model_validate_json(raw)
                         yield line
                         if line.finished:
                             return
+            except LineTooLong:  # more than the request asks for: a bug, not a worker down
+                log.error("decode worker %s sent a line over %d bytes", url, limit)
+                raise WorkerRejected("the worker's reply was too long to read", 502) from None
             except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
                 if not (isinstance(e, TimeoutError) and _budget_spent(start, timeout)):
                     self.mark_down(url)

@@ -100,6 +100,24 @@ class LineLogprob(_Reply):
     rank: int | None = None
 
 
+# The widest a token id (or a rank) and a logprob are written: an int32 id, and a float's
+# longest shortest-round-trip form (sign, 17 digits, point, three-digit exponent: 24 bytes).
+_WIDEST_ID = (1 << 31) - 1
+_WIDEST_LOGPROB = -1.2345678901234568e-300
+
+
+def prompt_scores_bytes(request: PrefillRequest) -> int:
+    """The most bytes the prompt scores ``request`` asks for take on a line: beyond its usual
+    bound, what a router reading that request's lines allows one (a 3,000-token prompt at
+    top 20 is about 1.6 MB on one line). Measured on the model itself, so it follows its shape."""
+    top = request.sampling.prompt_logprobs
+    if top is None:
+        return 0
+    widest = LineLogprob(token_id=_WIDEST_ID, logprob=_WIDEST_LOGPROB,
+                         top=[(_WIDEST_ID, _WIDEST_LOGPROB)] * top, rank=_WIDEST_ID)
+    return len(request.prompt_token_ids) * (len(widest.model_dump_json()) + 1)  # and a comma
+
+
 class PrefillReply(_Reply):
     request_id: str
     first_token: int
