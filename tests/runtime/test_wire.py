@@ -83,3 +83,14 @@ def test_token_lines_carry_logprobs_only_when_there_are_some() -> None:
     out.new_logprobs = [TokenLogprob(3, -0.25, ((3, -0.25), (9, -2.0)))]
     [lp] = wire.TokenLine.model_validate_json(_line(out)).logprobs
     assert (lp.token_id, lp.logprob, lp.top) == (3, -0.25, [(3, -0.25), (9, -2.0)])
+
+
+def test_a_masked_token_s_minus_infinity_crosses_the_wire() -> None:
+    """A logprob of -inf (a model whose logits hold -inf) used to be written as null, which
+    made the whole line unreadable: the router took the worker for failed."""
+    out = RequestOutput(request_id="r", new_token_ids=[3], new_text="a", finished=False,
+                        finish_reason=None, num_prompt_tokens=4, num_output_tokens=1,
+                        num_cached_tokens=0)
+    out.new_logprobs = [TokenLogprob(3, 0.0, ((3, 0.0), (9, float("-inf"))))]
+    [lp] = wire.TokenLine.model_validate_json(_line(out)).logprobs
+    assert lp.top == [(3, 0.0), (9, float("-inf"))]

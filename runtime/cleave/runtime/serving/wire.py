@@ -30,8 +30,13 @@ class _Request(BaseModel):
 
 
 class _Reply(BaseModel):
-    """What the router reads back: strict types; fields it does not know are ignored."""
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    """What the router reads back: strict types; fields it does not know are ignored.
+
+    Infinities travel as JSON's ``-Infinity`` (pydantic reads it back), not the default
+    ``null``: a logprob of -inf (logits holding -inf) written as null made the whole line
+    unreadable, which the router took for a failed worker."""
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True,
+                              ser_json_inf_nan="constants")
 
 
 # -- errors ----------------------------------------------------------------------------------
