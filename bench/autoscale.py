@@ -15,7 +15,8 @@ Traces, each over several seeds:
   its aggregated pool of 3-8 replicas, static = 8 replicas (llm-d's own reference).
 
 Sensitivity: Cleave's worst attainment and mean GPU-hours over static at flip times of
-0-30 s and prefill/decode interference of 0-1.
+0-30 s, prefill/decode interference of 0-1, and with the router re-dispatching queued prompts
+when a worker becomes ready (``redispatch=1``; not something Cleave's router does).
 
     python bench/autoscale.py [--quick] [--seeds N] [--cold-start S]
 
@@ -75,7 +76,8 @@ def one_synthetic(kind: str, seed: int, cfg: SimConfig, duration: float,
 
 
 def one_ramp(seed: int, cold_start: float, policies: tuple[str, ...],
-             interference: float | None = None, flip_s: float | None = None) -> Figures:
+             interference: float | None = None, flip_s: float | None = None,
+             redispatch: bool = False) -> Figures:
     cost = ramp_cost(str(QWEN))
     if interference is not None:
         cost = replace(cost, interference=interference)
@@ -88,7 +90,7 @@ def one_ramp(seed: int, cold_start: float, policies: tuple[str, ...],
     for policy in policies:
         if policy not in RAMP_POLICIES:
             continue
-        res, avg = run_ramp(policy, cost, seed, cold_start, flip_s)
+        res, avg = run_ramp(policy, cost, seed, cold_start, flip_s, redispatch)
         # Scored as llm-d scores it (SimResult.llmd_attainment); GPU-hours over static as llm-d
         # counts cost: episode-average replicas over 8.
         out[policy] = (res.llmd_attainment(), avg / static_avg, avg)
@@ -101,7 +103,8 @@ def run_trace(kind: str, seeds: int, cfg: SimConfig, duration: float,
     runs = []
     for seed in range(seeds):
         if kind == "llmd-ramp":
-            figs = one_ramp(seed, 100.0, policies, cfg.cost.interference, cfg.flip_s)
+            figs = one_ramp(seed, 100.0, policies, cfg.cost.interference, cfg.flip_s,
+                            cfg.redispatch)
         else:
             figs = one_synthetic(kind, seed, cfg, duration, policies)
         runs.append(figs)
@@ -112,11 +115,13 @@ def run_trace(kind: str, seeds: int, cfg: SimConfig, duration: float,
 
 
 def sensitivity(cfg: SimConfig, seeds: int, duration: float) -> dict[str, list[float]]:
-    """Cleave's (worst attainment, mean GPU-h over static) at each flip time and interference."""
+    """Cleave's (worst attainment, mean GPU-h over static) at each flip time and interference,
+    and with the router re-dispatching queued prompts when a worker becomes ready."""
     points: dict[str, list[float]] = {}
     settings = [("flip_s", f, replace(cfg, flip_s=f)) for f in FLIP_TIMES]
     settings += [("interference", i, replace(cfg, cost=replace(cfg.cost, interference=i)))
                  for i in INTERFERENCE]
+    settings += [("redispatch", 1, replace(cfg, redispatch=True))]
     for name, value, c in settings:
         per = {k: run_trace(k, seeds, c, duration, ("cleave",))["cleave"] for k in TRACES}
         points[f"{name}={value:g}"] = [round(min(a for a, _, _ in per.values()), 4),

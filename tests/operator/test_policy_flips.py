@@ -56,10 +56,11 @@ def test_the_floor_is_one_worker_serving_both_roles() -> None:
     plan = plan_flips({PREFILL: 1, DECODE: 1}, workers, colocate=True)
     assert plan.flips == (("d1", BOTH),) and plan.remove == ("p1",)
     assert plan.replicas == {PREFILL: 0, DECODE: 1}
-    # Leaving the floor: the both-worker serves both until each role has a ready worker...
+    # Leaving the floor: the both-worker serves both until each role has a ready worker; the
+    # role it leaves gets its own workers in full, its home role counts it (it goes back).
     plan = plan_flips({PREFILL: 2, DECODE: 1}, [w("d1", DECODE, role=BOTH)])
     assert plan.flips == () and plan.remove == ()
-    assert plan.start == {PREFILL: 2, DECODE: 1} and plan.replicas == {PREFILL: 2, DECODE: 2}
+    assert plan.start == {PREFILL: 2, DECODE: 0} and plan.replicas == {PREFILL: 2, DECODE: 1}
     # ... then goes where it is short, or home.
     up = [w("d1", DECODE, role=BOTH), w("p2", PREFILL), w("p3", PREFILL), w("d4", DECODE)]
     plan = plan_flips({PREFILL: 3, DECODE: 1}, up)

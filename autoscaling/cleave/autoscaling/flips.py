@@ -69,6 +69,27 @@ def _by_home(kept: Sequence[WorkerView], start: Mapping[str, int]) -> dict[str, 
     return {h: sum(w.home == h for w in kept) + start.get(h, 0) for h in ROLES}
 
 
+def _other(role: str) -> str:
+    return DECODE if role == PREFILL else PREFILL
+
+
+def _bridged(desired: Mapping[str, int], have: dict[str, list[WorkerView]],
+             bridge: WorkerView | None) -> dict[str, int]:
+    """Workers to keep per current role, the bridge counted in its home role (it goes back
+    there; added to ``have`` here). The backends count a both-worker in both roles, so the
+    policy's count of the role the bridge leaves includes it: that role gets its own workers
+    in full once, while it has none (replacing the bridge's share), and one fewer than the
+    policy's count after that, so a steady count does not start a replica every interval."""
+    want = {r: desired.get(r, 0) for r in ROLES}
+    if bridge is None:
+        return want
+    have[bridge.home].append(bridge)
+    other = _other(bridge.home)
+    if have[other]:
+        want[other] = max(min(1, want[other]), want[other] - 1)
+    return want
+
+
 def plan_flips(desired: Mapping[str, int], workers: Sequence[WorkerView],
                colocate: bool = False) -> FlipPlan:
     """Meet ``desired`` workers per current role (prefill, decode) from ``workers`` (the live
@@ -81,14 +102,15 @@ def plan_flips(desired: Mapping[str, int], workers: Sequence[WorkerView],
     role_of = {w.name: w.role if w.ready else w.home for w in workers}
     have = {r: [w for w in workers if role_of[w.name] == r] for r in ROLES}
     flexible = [w for w in workers if role_of[w.name] == BOTH]
-    ready_in = {r: any(w.ready for w in have[r]) for r in ROLES}
-    # Leaving the floor: the both-worker keeps serving both roles until each has a ready
-    # worker of its own, so no request waits for a cold start meanwhile. It counts in neither
-    # role: the roles' own workers are started in full.
-    bridge = [flexible.pop(0)] if flexible and not all(ready_in.values()) else []
+    # Leaving the floor: the both-worker keeps serving both roles until the role it leaves
+    # has a ready worker of its own, so no request waits for a cold start meanwhile.
+    bridge = flexible.pop(0) if flexible and not any(
+        w.ready for w in have[_other(flexible[0].home)]) else None
+    want = _bridged(desired, have, bridge)
     flips: list[tuple[str, str]] = []
-    for r in sorted(ROLES, key=lambda r: len(have[r]) - desired.get(r, 0)):
-        short = desired.get(r, 0) - len(have[r])
+    homes = {w.home for w in flexible}
+    for r in sorted(ROLES, key=lambda r: (len(have[r]) - want[r], r not in homes)):
+        short = want[r] - len(have[r])
         for w in _pick(flexible, max(0, short), r):
             flexible.remove(w)
             have[r].append(w)
@@ -97,24 +119,26 @@ def plan_flips(desired: Mapping[str, int], workers: Sequence[WorkerView],
         have[w.home].append(w)
         flips.append((w.name, w.home))
     for r, other in ((PREFILL, DECODE), (DECODE, PREFILL)):
-        short = desired.get(r, 0) - len(have[r])
-        spare = len(have[other]) - desired.get(other, 0)
-        movable = [w for w in have[other] if w.ready and (w.name, other) not in flips]
+        short = want[r] - len(have[r])
+        spare = len(have[other]) - want[other]
+        movable = [w for w in have[other] if w.ready and w is not bridge
+                   and (w.name, other) not in flips]
         for w in _pick(movable, max(0, min(short, spare)), r):
             have[other].remove(w)
             have[r].append(w)
             flips = [f for f in flips if f[0] != w.name] + [(w.name, r)]
-    start = {r: max(0, desired.get(r, 0) - len(have[r])) for r in ROLES}
+    start = {r: max(0, want[r] - len(have[r])) for r in ROLES}
     remove: list[str] = []
     for r in ROLES:
-        over = len(have[r]) - desired.get(r, 0)
+        over = len(have[r]) - want[r]
         if over > 0:
             # Kubernetes' own order: not-ready pods first, then the least busy.
-            gone = sorted(have[r], key=lambda w: (w.ready, w.load, w.name))[:over]
+            gone = sorted((w for w in have[r] if w is not bridge),
+                          key=lambda w: (w.ready, w.load, w.name))[:over]
             remove += [w.name for w in gone]
             have[r] = [w for w in have[r] if w not in gone]
     flips = [f for f in flips if f[0] not in remove]
-    kept = [w for r in ROLES for w in have[r]] + bridge
+    kept = [w for r in ROLES for w in have[r]]
     why = [f"{n} -> {r}" for n, r in flips] + [f"start {k} {r}" for r, k in start.items() if k]
     why += [f"remove {n}" for n in remove]
     return FlipPlan(tuple(flips), start, tuple(remove), _by_home(kept, start),

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from cleave.autoscaling.convertible import ConvertiblePrefill, prefill_replicas
 from cleave.autoscaling.demand import (
     held_by_backlog,
     latency_hold,
@@ -18,6 +19,7 @@ from cleave.autoscaling.demand import (
     projected_kv_replicas,
 )
 from cleave.autoscaling.floor import floor_fits, floor_hold
+from cleave.autoscaling.limits import fit_limits
 from cleave.autoscaling.roles import DECODE, PREFILL
 
 __all__ = ["DECODE", "PREFILL", "Decision", "FloorPolicy", "KvProjection", "PolicyConfig",
@@ -97,6 +99,7 @@ class PolicyConfig:
     scale_to_zero: bool = False
     mode: str = "Cleave"
     floor: FloorPolicy | None = None  # None: never one worker for both roles
+    convertible: ConvertiblePrefill | None = None  # decode workers' prefill, as prefill headroom
 
     def __post_init__(self) -> None:
         # Checked once here so decide() can trust its config and never has to pick a rule to break.
@@ -160,7 +163,7 @@ def _ratio_need(ready: int, ratio: float, capacity: int, band: float) -> int:
 
 def _need(role: str, s: RoleSignals, p: RolePolicy, notes: dict[str, str],
           last: tuple[float, float, int] | None, growth: float | None, demand: float | None,
-          rise: float) -> tuple[int | None, str]:
+          rise: float, lent: float = 0.0) -> tuple[int | None, str]:
     """Raw replicas the signals ask for (before windows and limits); None means hold."""
     capacity = s.ready + s.starting
     last_ready = last[2] if last else s.ready
@@ -171,11 +174,13 @@ def _need(role: str, s: RoleSignals, p: RolePolicy, notes: dict[str, str],
         # A rate measured while a queue existed proves a replica can do at least that much,
         # not that it cannot do more: a short queue at one scrape is no saturation.
         tput = max(s.throughput_per_replica, p.prior_throughput)
-    cap_need = None
+    cap_need: int | None = None
+    sized: float | None = None
     if demand is not None and tput:
         # Headroom: the target utilization, or room for the recent rises in demand within a
-        # startup time, whichever is larger.
-        cap_need = _ceil(demand * max(1.0 / p.target_utilization, rise) / tput)
+        # startup time (the capacity decode workers lend covers those first), whichever is larger.
+        sized = prefill_replicas(demand, p.target_utilization, demand * rise, tput, lent)
+        cap_need = _ceil(sized)
         held = held_by_backlog(s.queue_depth, s.request_rate, growth, s.ready,
                                last[2] if last else 0)
         if held:  # the whole demand has to be met by the other replicas
@@ -215,9 +220,8 @@ def _need(role: str, s: RoleSignals, p: RolePolicy, notes: dict[str, str],
         needs["kv"] = _ratio_need(s.ready, s.kv_usage / p.kv_watermark, capacity, p.hysteresis)
     if cap_need is not None and "backlog" in notes:
         needs["capacity"] = max(capacity, cap_need)
-    elif demand is not None and tput:
-        util = demand * max(1.0 / p.target_utilization, rise) / (tput * capacity)
-        needs["capacity"] = _ratio_need(capacity, util, capacity, p.hysteresis)
+    elif sized is not None:
+        needs["capacity"] = _ratio_need(capacity, sized / capacity, capacity, p.hysteresis)
     if not needs:
         return None, "no target and no capacity signal"
     notes.update({f"need_{k}": str(v) for k, v in needs.items()})
@@ -241,6 +245,18 @@ def _projected_kv(p: RolePolicy, signals: Mapping[str, RoleSignals],
                               proj.kv_bytes_per_token, proj.kv_bytes_per_replica, proj.watermark)
     notes["need_projected_kv"] = str(n)
     return n
+
+
+def _lent(role: str, signals: Mapping[str, RoleSignals], cfg: PolicyConfig, rise: float,
+          notes: dict[str, str]) -> float:
+    """Prefill: the prompt tok/s the ready decode workers can prefill beside their batches once
+    the load has risen by ``rise`` (their batches grow with it)."""
+    if role != PREFILL or cfg.convertible is None or DECODE not in signals:
+        return 0.0
+    out = signals[DECODE].token_rate
+    lent = cfg.convertible.lent(signals[DECODE].ready, None if out is None else out * rise)
+    notes["lent_by_decode"] = f"{lent:.4g}"
+    return lent
 
 
 def _stabilize(now: float, need: int, s: RoleSignals, p: RolePolicy,
@@ -286,21 +302,6 @@ def _inputs(s: RoleSignals, p: RolePolicy) -> dict[str, str]:
             "min": str(p.min_replicas), "max": str(p.max_replicas)}
 
 
-def _fit_budget(want: dict[str, int], cfg: PolicyConfig) -> dict[str, int]:
-    """Water-fill the GPU budget from every role's minimum: each GPU goes to the role furthest
-    (relatively) from what it wants, so a shortage is shared instead of starving one role."""
-    roles = cfg.roles
-    got = {r: min(want[r], roles[r].min_replicas) for r in want}
-    left = (cfg.gpu_budget or 0) - sum(got[r] * roles[r].gpus_per_replica for r in got)
-    while True:
-        fits = [r for r in sorted(got) if got[r] < want[r] and roles[r].gpus_per_replica <= left]
-        if not fits:
-            return got
-        r = max(fits, key=lambda k: (want[k] - got[k]) / want[k])
-        got[r] += 1
-        left -= roles[r].gpus_per_replica
-
-
 def decide(now: float, signals: Mapping[str, RoleSignals], cfg: PolicyConfig,
            state: ScalingState) -> tuple[tuple[Decision, ...], ScalingState]:
     """One autoscaling interval. ``signals`` must hold every role in ``cfg.roles``: replica counts
@@ -328,7 +329,8 @@ def decide(now: float, signals: Mapping[str, RoleSignals], cfg: PolicyConfig,
                        state.demand.get(r, ()), p.startup_s, p.rise_quantile, p.rise_lookback_s)
         demand[r] = seen.history
         notes[r].update(seen.notes())
-        need, because = _need(r, s, p, notes[r], last, seen.growth, seen.demand, seen.rise)
+        lent = _lent(r, signals, cfg, seen.rise, notes[r])
+        need, because = _need(r, s, p, notes[r], last, seen.growth, seen.demand, seen.rise, lent)
         kv_need = _projected_kv(p, signals, notes[r])
         if kv_need is not None and need is not None and kv_need > need:
             need, because = kv_need, f"projected kv asks for {kv_need}"
@@ -339,40 +341,7 @@ def decide(now: float, signals: Mapping[str, RoleSignals], cfg: PolicyConfig,
             want[r], step = _stabilize(now, need, s, p, kept)
             why[r] = [because, step]
         history[r] = tuple(kept)
-    if any(want[r] > 0 for r in roles):
-        # Zero is all or nothing: a request needs every role, so once one role runs (or wakes
-        # on demand) the others come up with it; without scale_to_zero nothing reaches zero.
-        for r in roles:
-            if want[r] == 0 and cfg.roles[r].max_replicas > 0:
-                want[r] = 1
-                why[r].append("kept at 1: another role is serving")
-    if not cfg.scale_to_zero:
-        for r in roles:
-            if want[r] == 0 and cfg.roles[r].max_replicas > 0:
-                want[r] = 1
-                why[r].append("scale to zero disabled")
-    for r in roles:
-        p = cfg.roles[r]
-        bounded = min(max(want[r], p.min_replicas), p.max_replicas)
-        if bounded != want[r]:
-            why[r].append(f"bounded to [{p.min_replicas}, {p.max_replicas}]")
-        want[r] = bounded
-    if cfg.ratio_bounds is not None and want.get(PREFILL, 0) > 0 and want.get(DECODE, 0) > 0:
-        # The guard only trims (never below min), so it cannot break max or the budget; it stops
-        # one role's noisy signal from growing it far out of proportion to the other.
-        lo, hi = cfg.ratio_bounds
-        for r, cap in ((PREFILL, max(1, math.floor(hi * want[DECODE] + _EPS))),
-                       (DECODE, max(1, math.floor(want[PREFILL] / lo + _EPS)))):
-            trimmed = max(cfg.roles[r].min_replicas, min(want[r], cap))
-            if trimmed != want[r]:
-                want[r] = trimmed
-                why[r].append(f"ratio guard {lo:g}..{hi:g} trims to {trimmed}")
-    if cfg.gpu_budget is not None:
-        fitted = _fit_budget(want, cfg)
-        for r in roles:
-            if fitted[r] != want[r]:
-                why[r].append(f"gpu budget {cfg.gpu_budget} trims to {fitted[r]}")
-        want = fitted
+    want = fit_limits(want, why, cfg)
     colocate, since = _floor(now, want, signals, cfg, state.floor_since)
     decisions = tuple(Decision(r, current[r], want[r], "; ".join(why[r]), notes[r])
                       for r in roles)

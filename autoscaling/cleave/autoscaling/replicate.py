@@ -99,13 +99,17 @@ def episode_replicas(result: SimResult, load_end: float) -> float:
 
 
 def run_ramp(policy: str, cost: CostModel, seed: int = 0, cold_start_s: float = 100.0,
-             flip_s: float | None = None) -> tuple[SimResult, float]:
-    """(result, episode average replicas) of one policy on one seed of the ramp."""
+             flip_s: float | None = None,
+             redispatch: bool = False) -> tuple[SimResult, float]:
+    """(result, episode average replicas) of one policy on one seed of the ramp;
+    ``redispatch``: Cleave's router re-dispatches queued prompts (SimConfig.redispatch)."""
     trace = llmd_ramp(seed)
     cfg = ramp_config(cost, cold_start_s)
     if flip_s is not None:
         cfg = replace(cfg, flip_s=flip_s)
     cfg, autoscaler = ramp_autoscaler(policy, cfg, trace)
+    if policy == "cleave":  # llm-d's gateway and the static pool route each request once
+        cfg = replace(cfg, redispatch=redispatch)
     result = simulate(_with_tail(trace), cfg, autoscaler)
     return result, episode_replicas(result, trace.duration)
 

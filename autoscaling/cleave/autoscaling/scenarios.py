@@ -18,6 +18,7 @@ from cleave.autoscaling.baselines import (
     HpaConcurrency,
     StaticAutoscaler,
 )
+from cleave.autoscaling.convertible import ConvertiblePrefill, prefill_replicas
 from cleave.autoscaling.elastic import ElasticCleave, ElasticOracle
 from cleave.autoscaling.floor import one_worker_fits
 from cleave.autoscaling.llmd import LlmdSloFormula
@@ -66,7 +67,15 @@ def cleave_config(cfg: SimConfig, trace: Trace, max_replicas: int) -> PolicyConf
                          mean_in, mean_out, cost.model.kv_bytes_per_token,
                          cost.kv_capacity_tokens() * cost.model.kv_bytes_per_token,
                          KV_WATERMARK))
-    return PolicyConfig({PREFILL: pre, DECODE: dec})
+    return PolicyConfig({PREFILL: pre, DECODE: dec}, convertible=convertible_prefill(cfg))
+
+
+def convertible_prefill(cfg: SimConfig) -> ConvertiblePrefill | None:
+    """The prefill capacity decode workers lend under this router: its backlog rule sends late
+    prompts to them whole (none without the convertible rules, or in an aggregated pool)."""
+    if not cfg.convertible or cfg.aggregated:
+        return None
+    return ConvertiblePrefill(cfg.decode_budget(), cfg.decode_step_s())
 
 
 def hpa_targets(cfg: SimConfig, trace: Trace) -> dict[str, float]:
@@ -144,9 +153,9 @@ def warm_start(cfg: SimConfig, trace: Trace) -> tuple[int, int]:
 def size_static(trace: Trace, cfg: SimConfig, max_replicas: int, goal: float = 0.99,
                 log: Callable[[str], None] | None = None) -> tuple[tuple[int, int], SimResult]:
     """The smallest fixed deployment that meets the SLO goal on this trace: peak provisioning
-    done right. Starts from the capacity model at 100 % utilization of the peak minute (a lower
-    bound) and adds a replica to whichever role's SLO misses more, until the goal is met."""
-    p, d = capacity_estimate(cfg, trace, 1.0)
+    done right. Starts from a lower bound (:func:`static_lower_bound`) and adds a replica to
+    whichever role's SLO misses more, until the goal is met."""
+    p, d = static_lower_bound(cfg, trace)
     while True:
         res = run_policy("static", trace, cfg, max_replicas, (p, d))
         if log:
@@ -158,6 +167,22 @@ def size_static(trace: Trace, cfg: SimConfig, max_replicas: int, goal: float = 0
             p += 1
         else:
             d += 1
+
+
+def static_lower_bound(cfg: SimConfig, trace: Trace) -> tuple[int, int]:
+    """Replicas per role below which no fixed deployment serves the trace's peak minute: the
+    capacity model at 100 % utilization, the prefill replicas' share net of what the decode
+    replicas lend (with the convertible router a static deployment absorbs its bursts there,
+    so sizing prefill alone for the peak would miss cheaper deployments that meet the goal)."""
+    p, d = capacity_estimate(cfg, trace, 1.0)
+    lending = convertible_prefill(cfg)
+    if lending is None:
+        return p, d
+    mean_in, mean_out = mean_lengths(trace)
+    peak = trace.peak_rate(60.0)
+    lent = lending.lent(d, peak * mean_out)
+    net = (peak * mean_in - lent) / cfg.cost.prefill_tokens_per_second()
+    return max(1, min(p, math.ceil(net))), d
 
 
 def oracle_schedule(cfg: SimConfig, trace: Trace, utilization: float,
@@ -176,13 +201,22 @@ def oracle_schedule(cfg: SimConfig, trace: Trace, utilization: float,
     mean_in, mean_out = lengths
     pre_tput = cost.prefill_tokens_per_second()
     dec_tput = cost.decode_tokens_per_second(mean_in + mean_out / 2)
+    lending = convertible_prefill(cfg)
     times, replicas, floor = [], [], []
     for i in range(bins):
         coming = need[i:i + ahead + 1]
         times.append(i * window_s)
-        replicas.append({PREFILL: max(p for p, _ in coming), DECODE: max(d for _, d in coming)})
-        rate = max(counts[i:i + ahead + 1]) / window_s
+        rate = counts[i] / window_s
+        peak = max(counts[i:i + ahead + 1]) / window_s
+        # As Cleave's policy: the window now at the target utilization, the rise coming
+        # before a replica started now is ready met by the decode workers' lent capacity first
+        # (what they lend beside their batches at the risen load).
+        lent = lending.lent(need[i][1], peak * mean_out) if lending else 0.0
+        pre = max(need[i][0], math.ceil(prefill_replicas(rate * mean_in, utilization,
+                                                         peak * mean_in / utilization,
+                                                         pre_tput, lent)))
+        replicas.append({PREFILL: pre, DECODE: max(d for _, d in coming)})
         # The same floor as Cleave's (elastic.ElasticCleave), on the load it knows is coming.
-        floor.append(one_worker_fits(rate * mean_in, pre_tput, rate * mean_out, dec_tput,
+        floor.append(one_worker_fits(peak * mean_in, pre_tput, peak * mean_out, dec_tput,
                                      FLOOR_UTILIZATION))
     return ElasticOracle(times, replicas, floor)

@@ -29,13 +29,14 @@ TPOT_BUCKETS = (*names.TPOT_BUCKETS, INF)
 
 
 class SimRequest:
-    __slots__ = ("arrival", "finish_step", "n_in", "n_out", "t_done", "t_first")
+    __slots__ = ("arrival", "finish_step", "n_in", "n_out", "routed", "t_done", "t_first")
 
     def __init__(self, arrival: float, n_in: int, n_out: int) -> None:
         self.arrival, self.n_in, self.n_out = arrival, n_in, n_out
         self.t_first = INF
         self.t_done = INF
         self.finish_step = 0
+        self.routed = False  # a path was counted for it (re-dispatch does not count again)
 
     @property
     def ttft(self) -> float:

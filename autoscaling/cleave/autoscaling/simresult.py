@@ -13,6 +13,9 @@ from cleave.autoscaling.policy import PREFILL
 from cleave.autoscaling.simreplicas import INF, SimRequest
 from cleave.autoscaling.simworker import EngineConfig
 
+# A decode step with its prefill chunk stays within this share of the TPOT SLO: the policy's
+# TPOT target (scenarios.TPOT_TARGET_SHARE), leaving the rest for batch growth and warmup.
+DECODE_STEP_SHARE = 0.8
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -30,10 +33,23 @@ class SimConfig:
     scrape_lag_s: float = 5.0  # age of the metrics a decision reads (scrape, rule evaluation)
     convertible: bool = True  # the router's convertible rules (issue 18; routing.py)
     router_ttft_target: float = 2.0  # the router's --ttft-target for the backlog rule
+    # When a worker becomes ready, route again the prompts queued on the others that have not
+    # started and can still meet the router's TTFT target. Off: Cleave's router does not do it
+    # (docs/simulator.md says how it could, and what it buys here: nothing measurable).
+    redispatch: bool = False
     aggregated: bool = False  # every worker serves both phases (vLLM-style), one pool
 
     def gpus(self, role: str) -> int:
         return self.cost.prefill_tp if role == PREFILL else self.cost.decode_tp
+
+    def decode_step_s(self) -> float:
+        """The step time a decode worker's per-step token budget is sized for."""
+        return DECODE_STEP_SHARE * self.tpot_slo
+
+    def decode_budget(self) -> int:
+        """A decode worker's per-step token budget: the engine's, else sized so that a step
+        carrying a prefill chunk stays within :meth:`decode_step_s`."""
+        return self.engine.decode_budget or self.cost.chunk_budget(self.decode_step_s())
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,7 @@ class SimResult:
     reasons: list[tuple[float, str, int, str]] = field(default_factory=list)
     flips: int = 0
     paths: dict[str, int] = field(default_factory=dict)  # requests per router path
+    redispatched: int = 0  # queued prompts routed again when a worker became ready
 
     def avg_replicas(self) -> float:
         """Time-averaged replicas over the trace, starting and draining ones included."""

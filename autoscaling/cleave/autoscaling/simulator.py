@@ -35,9 +35,6 @@ from cleave.autoscaling.traces import Trace
 
 __all__ = ["Sample", "SimConfig", "SimResult", "Simulation", "simulate"]
 
-# A decode step with its prefill chunk stays within this share of the TPOT SLO: the policy's
-# TPOT target (scenarios.TPOT_TARGET_SHARE), leaving the rest for batch growth and warmup.
-DECODE_STEP_SHARE = 0.8
 _ARRIVAL, _STEP, _HANDOFF, _READY, _SCRAPE, _TICK = range(6)
 
 
@@ -45,8 +42,8 @@ class Simulation:
     def __init__(self, trace: Trace, config: SimConfig, autoscaler: Autoscaler,
                  progress: Callable[[float, float], None] | None = None) -> None:
         if config.engine.decode_budget is None:
-            budget = config.cost.chunk_budget(DECODE_STEP_SHARE * config.tpot_slo)
-            config = replace(config, engine=replace(config.engine, decode_budget=budget))
+            config = replace(config, engine=replace(config.engine,
+                                                    decode_budget=config.decode_budget()))
         self.trace, self.cfg, self.autoscaler, self.progress = trace, config, autoscaler, progress
         self.collector = SignalCollector(window_s=config.metrics_window_s,
                                          stale_after_s=2 * config.interval_s)
@@ -137,7 +134,9 @@ class Simulation:
         return [w for w in self.workers if w.serves(role, now)]
 
     def _go(self, w: Worker, req: SimRequest, now: float, handoff: bool, path: str) -> None:
-        self.result.paths[path] = self.result.paths.get(path, 0) + 1
+        if not req.routed:  # a request re-dispatched was counted on its first path
+            self.result.paths[path] = self.result.paths.get(path, 0) + 1
+            req.routed = True
         end = w.submit(req, now, handoff)
         if end is not None:
             self._push(end, _STEP, w)
@@ -178,6 +177,19 @@ class Simulation:
         if end is not None:
             self._push(end, _STEP, w)
 
+    def _redispatch(self, now: float) -> None:
+        """A worker became ready (new, or flipped into its role): the prompts queued on the
+        others that have not started and can still meet the router's TTFT target are routed
+        again as if they arrived now, oldest first. Older ones stay: moved ahead of new arrivals
+        they only turn those into misses too (re-dispatching every queued prompt lowered the
+        step trace's attainment)."""
+        deadline = now - self.cfg.router_ttft_target
+        moved = sorted((r for w in self._live() for r in w.withdraw(deadline)),
+                       key=lambda r: r.arrival)
+        self.result.redispatched += len(moved)
+        for req in moved:
+            self._route(req, now)
+
     def _release_held(self, now: float) -> None:
         held, held_d = self.held, self.held_decode
         self.held, self.held_decode = [], []
@@ -212,6 +224,8 @@ class Simulation:
                 self._to_decode(obj, now)
         elif kind == _READY:
             self._release_held(now)
+            if self.cfg.redispatch:
+                self._redispatch(now)
         elif kind == _SCRAPE:
             self._scrape(now)
         else:

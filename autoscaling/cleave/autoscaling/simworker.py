@@ -257,6 +257,22 @@ class Worker:
                 self._join(req, req.n_out - 1, req.n_in + 1)
         self.ttft.observe(req.ttft)
 
+    def withdraw(self, arrived_after: float = -INF) -> list[SimRequest]:
+        """Take out the prompts queued here whose prefill has not started (not computing, no
+        chunk done, no KV reserved, not a preempted sequence's recompute) and that arrived
+        after ``arrived_after``, for the router to send elsewhere; the rest keep their order."""
+        computing = self.stepping and self.step_chunk > 0  # on the head job
+        kept: deque[_Job] = deque()
+        out: list[SimRequest] = []
+        for i, job in enumerate(self.jobs):
+            started = (i == 0 and computing) or job.done or job.reserved or job.left
+            if started or job.req.arrival <= arrived_after:
+                kept.append(job)
+            else:
+                out.append(job.req)
+        self.jobs = kept
+        return out
+
     def idle(self) -> bool:
         return not self.stepping and not self.jobs and not self.waiting
 
