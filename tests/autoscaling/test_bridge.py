@@ -36,3 +36,18 @@ def test_the_bridge_goes_home_once_the_role_it_left_has_a_ready_worker() -> None
     plan = plan_flips({PREFILL: 1, DECODE: 1}, [w("d1", DECODE, role=BOTH), w("p2", PREFILL)])
     assert plan.flips == (("d1", DECODE),) and plan.remove == ()
     assert plan.start == {PREFILL: 0, DECODE: 0}
+
+
+def test_leaving_the_floor_neither_removes_nor_restarts_what_it_started() -> None:
+    """A held count through the bridge: start once, keep what starts, go home, no more."""
+    desired = {PREFILL: 2, DECODE: 1}
+    first = plan_flips(desired, [w("d1", DECODE, role=BOTH)])
+    assert first.start == {PREFILL: 2, DECODE: 0}
+    starting = [w("d1", DECODE, role=BOTH), w("p2", PREFILL, ready=False),
+                w("p3", PREFILL, ready=False)]
+    held = plan_flips(desired, starting)
+    assert held.remove == () and held.start == {PREFILL: 0, DECODE: 0}, held
+    home = plan_flips(desired, [w("d1", DECODE, role=BOTH), w("p2", PREFILL),
+                                w("p3", PREFILL, ready=False)])
+    assert home.flips == (("d1", DECODE),) and home.remove == ()
+    assert home.start == {PREFILL: 0, DECODE: 0}, home

@@ -4,6 +4,8 @@ flip's ``POST /internal/role`` tells (taken, refused, unknown), against real HTT
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,6 +76,18 @@ def workers() -> Iterator[Workers]:
     w.close()
 
 
+@contextlib.contextmanager
+def _never_connects() -> Iterator[int]:
+    """A port whose listener's queue is full (backlog 0, one connection never accepted):
+    Linux drops the next SYN, so a connect hangs, as to a pod that went unreachable."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            yield port
+
+
 async def test_a_flip_is_unknown_only_when_sent_and_not_answered(workers: Workers) -> None:
     """Taken on a 200; refused on another answer (here a 404: a pod without the route) or when
     no connection opens; unknown when the worker got the request and did not answer in time
@@ -92,5 +106,7 @@ async def test_a_flip_is_unknown_only_when_sent_and_not_answered(workers: Worker
             refused = await ask(no_route)
             assert refused.outcome is Outcome.REFUSED and refused.detail.startswith("HTTP 404")
             assert (await ask(free_port())).outcome is Outcome.REFUSED
+            with _never_connects() as port:  # the SYN goes unanswered: nothing was sent
+                assert await ask(port) == FlipAnswer(Outcome.REFUSED, "ConnectionTimeoutError")
             assert await ask(slow) == FlipAnswer(Outcome.UNKNOWN, "TimeoutError")
     assert sorted(workers.flips) == sorted([(fast, "prefill"), (slow, "prefill")])

@@ -213,6 +213,8 @@ class LoadResult:
 
     def ttft_quantile(self, q: float) -> float:
         ttfts = sorted(o.ttft for o in self.outcomes if o.status == "ok" and o.ttft is not None)
+        if not ttfts:
+            return math.inf
         return ttfts[min(len(ttfts) - 1, math.ceil(q * len(ttfts)) - 1)]
 
     def ttft_over_neighbours(self, q: float, window: float) -> float:
@@ -232,6 +234,8 @@ class LoadResult:
             lo = bisect.bisect_left(starts, start - window / 2)
             hi = bisect.bisect_right(starts, start + window / 2)
             ratios.append(ttft / max(statistics.median(t for _, t in timed[lo:hi]), 1e-3))
+        if not ratios:  # nothing succeeded: the count asserts say so, not an IndexError
+            return math.inf
         ratios.sort()
         return ratios[min(len(ratios) - 1, math.ceil(q * len(ratios)) - 1)]
 

@@ -26,3 +26,8 @@ def test_requests_left_waiting_stand_out() -> None:
     # Two in a hundred wait 8x as long as the requests started beside them.
     run = _run([(i * 0.1, 16.0 if i % 50 == 7 else 2.0) for i in range(600)])
     assert run.ttft_over_neighbours(0.99, window=5.0) >= 7.9
+
+
+def test_a_run_where_nothing_succeeded_reads_as_infinitely_unfair() -> None:
+    run = _run([])
+    assert run.ttft_over_neighbours(0.99, window=5.0) == run.ttft_quantile(0.5) == float("inf")

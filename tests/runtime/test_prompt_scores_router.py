@@ -140,6 +140,13 @@ async def test_more_scores_than_the_limit_is_a_400_naming_the_field(router: Any)
         "model": "tiny", "messages": [{"role": "user", "content": "hi " * 300}],
         "max_tokens": 2, "prompt_logprobs": 20})
     assert chat.status == 400 and (await chat.json())["error"]["param"] == "prompt_logprobs"
+    # Chat carries the field once on the body, whatever n: 4 choices cost what one does.
+    chat = await client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi " * 80}],
+        "max_tokens": 2, "prompt_logprobs": 5, "n": 4})
+    assert chat.status == 200, await chat.text()
+    body = await chat.json()
+    assert len(body["choices"]) == 4 and 4 * 6 * len(body["prompt_logprobs"]) > 1200
 
 
 def _boom(*_: Any, **__: Any) -> Any:

@@ -79,14 +79,16 @@ def _bridged(desired: Mapping[str, int], have: dict[str, list[WorkerView]],
     there; added to ``have`` here). The backends count a both-worker in both roles, so the
     policy's count of the role the bridge leaves includes it: that role gets its own workers
     in full once, while it has none (replacing the bridge's share), and one fewer than the
-    policy's count after that, so a steady count does not start a replica every interval."""
+    policy's count after that, so a steady count does not start a replica every interval. Nor
+    does it remove one of that role's starting workers while it bridges (they are the bridge's
+    relief: removing one there started it again once the bridge ended)."""
     want = {r: desired.get(r, 0) for r in ROLES}
     if bridge is None:
         return want
     have[bridge.home].append(bridge)
     other = _other(bridge.home)
     if have[other]:
-        want[other] = max(min(1, want[other]), want[other] - 1)
+        want[other] = max(min(1, want[other]), want[other] - 1, len(have[other]))
     return want
 
 

@@ -12,7 +12,7 @@ from cleave.autoscaling.roles import DECODE, PREFILL
 if TYPE_CHECKING:
     from cleave.autoscaling.policy import PolicyConfig
 
-_EPS = 1e-9  # floor(2 * 1.5) must be 3, not 2 after float noise
+EPS = 1e-9  # float noise in replica arithmetic: floor(2 * 1.5) is 3, ceil(2 * 1.5) is 3
 
 
 def fit_limits(want: dict[str, int], why: dict[str, list[str]],
@@ -36,8 +36,8 @@ def fit_limits(want: dict[str, int], why: dict[str, list[str]],
         # The guard only trims (never below min), so it cannot break max or the budget; it stops
         # one role's noisy signal from growing it far out of proportion to the other.
         lo, hi = cfg.ratio_bounds
-        for r, cap in ((PREFILL, max(1, math.floor(hi * want[DECODE] + _EPS))),
-                       (DECODE, max(1, math.floor(want[PREFILL] / lo + _EPS)))):
+        for r, cap in ((PREFILL, max(1, math.floor(hi * want[DECODE] + EPS))),
+                       (DECODE, max(1, math.floor(want[PREFILL] / lo + EPS)))):
             trimmed = max(cfg.roles[r].min_replicas, min(want[r], cap))
             if trimmed != want[r]:
                 want[r] = trimmed

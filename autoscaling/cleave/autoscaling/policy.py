@@ -19,18 +19,17 @@ from cleave.autoscaling.demand import (
     projected_kv_replicas,
 )
 from cleave.autoscaling.floor import floor_fits, floor_hold
-from cleave.autoscaling.limits import fit_limits
+from cleave.autoscaling.limits import EPS, fit_limits
 from cleave.autoscaling.roles import DECODE, PREFILL
 
 __all__ = ["DECODE", "PREFILL", "Decision", "FloorPolicy", "KvProjection", "PolicyConfig",
            "RolePolicy", "RoleSignals", "ScalingState", "decide", "seed"]
 _LATENCY_NAME = {PREFILL: "ttft", DECODE: "tpot"}
-_EPS = 1e-9  # ceil(2 * 1.5) must be 3, not 4 after float noise
 _HUGE = 1e6  # any count past every max: keeps ceil() finite when a throughput is near zero
 
 
 def _ceil(x: float) -> int:
-    return math.ceil(min(x, _HUGE) - _EPS)
+    return math.ceil(min(x, _HUGE) - EPS)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,10 @@ async def reported_roles(session: aiohttp.ClientSession,
             return _name(pod), None
         try:
             async with session.get(url + "/internal/stats", headers=auth,
-                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                                   # A connect of its own bound: without one, a pod that never
+                                # answers the SYN ends as a plain timeout, read as unknown.
+                                timeout=aiohttp.ClientTimeout(total=timeout_s,
+                                                              sock_connect=timeout_s / 2)) as r:
                 stats = await r.json() if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
             stats = {}
@@ -153,7 +156,10 @@ async def flip(session: aiohttp.ClientSession, pod: Mapping[str, Any], role: str
         return FlipAnswer(Outcome.REFUSED, "not ready")
     try:
         async with session.post(url + "/internal/role", json={"role": role}, headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                                # A connect of its own bound: without one, a pod that never
+                                # answers the SYN ends as a plain timeout, read as unknown.
+                                timeout=aiohttp.ClientTimeout(total=timeout_s,
+                                                              sock_connect=timeout_s / 2)) as r:
             if r.status == 200:
                 return FlipAnswer(Outcome.TAKEN)
             return FlipAnswer(Outcome.REFUSED, f"HTTP {r.status}: {(await r.text())[:200]}")

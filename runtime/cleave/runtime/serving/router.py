@@ -105,6 +105,8 @@ class RouterConfig:
                              "or a workers file")
         if self.hold_timeout_seconds < 0:
             raise ValueError("hold_timeout_seconds must be >= 0")
+        if self.max_prompt_scores < 0:
+            raise ValueError("max_prompt_scores must be >= 0")
         if self.kv_load_failure_policy not in ("recompute", "fail"):
             raise ValueError("kv_load_failure_policy must be 'recompute' or 'fail'")
         if self.tool_call_parser not in tools.PARSER_CHOICES:
@@ -276,7 +278,8 @@ class Router:
         prompt = None if params.prompt_logprobs is None else PromptScores(
             ids[0], parsed.prompt_logprobs, parsed.echo_logprobs)
         if prompt is not None:  # before any worker is called: a 400 when there are too many
-            prompt.check_size(len(ids), parsed.n, self.config.max_prompt_scores)
+            # A chat response carries the scores once; a completion, once per choice.
+            prompt.check_size(len(ids), 1 if chat else parsed.n, self.config.max_prompt_scores)
         body_id = ("chatcmpl-" if chat else "cmpl-") + rid  # vLLM's and OpenAI's prefixes
         if parsed.stream:  # never ranked: protocol refuses best_of > n streamed
             writer = responses.StreamWriter(body_id, self.config.model, chat,
@@ -291,10 +294,13 @@ class Router:
                 prompt.take(line)  # sequence 0's, which ranking may leave out
         if ranked:
             lines = choices.best(lines, parsed.n)
-        return await self.admission.off_loop(  # a big body (prompt scores) takes seconds
-            lambda: responses.json_reply(responses.final_response(
+        def reply() -> web.Response:
+            return responses.json_reply(responses.final_response(
                 body_id, self.config.model, chat, lines, self._token_text, want_lps, echo,
-                streams, prompt)))
+                streams, prompt))
+        if prompt is None:  # small: the tokenizer thread is the other requests' TTFT
+            return reply()
+        return await self.admission.off_loop(reply)  # prompt scores: seconds at the limit
 
     def _token_text(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
