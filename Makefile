@@ -87,7 +87,7 @@ images: setup
 # suite, not before it: on a 2-core machine they fill the gaps its waits leave. Their output
 # is kept aside and printed after the suite's (which shows its progress as it goes); either
 # failing fails the target.
-SIDE_LOG := $(VENV)/side-checks.log
+SIDE_LOG ?= $(VENV)/side-checks.log
 
 test: lint layers
 	@$(MAKE) --no-print-directory -j2 --output-sync=target typecheck images > $(SIDE_LOG) 2>&1 & \
