@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from stub_worker_support import stub_worker_app
 from transformers import AutoTokenizer
 
 from cleave.runtime.serving import responses
@@ -40,9 +41,6 @@ def _scores(prompt: list[int], top: int) -> list[LineLogprob]:
 def stub_worker(text: str) -> web.Application:
     """Answers each request with two lines, as a worker would: the first token (``text``,
     with the prompt's scores when asked), then the last."""
-    async def stats(_: web.Request) -> web.Response:
-        return web.json_response({"kv_usage": 0.0, "waiting": 0, "draining": False})
-
     async def generate(request: web.Request) -> web.StreamResponse:
         asked = GenerateRequest.model_validate_json(await request.read())
         ids, top = asked.prompt_token_ids, asked.sampling.prompt_logprobs
@@ -58,10 +56,7 @@ def stub_worker(text: str) -> web.Application:
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_get("/internal/stats", stats)
-    app.router.add_post("/internal/generate", generate)
-    return app
+    return stub_worker_app(generate)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from stub_worker_support import stub_worker_app
 from transformers import AutoTokenizer
 
 from cleave.runtime.serving.router import Router, RouterConfig
@@ -25,9 +26,6 @@ def _line(text: str, finished: bool = False) -> bytes:
 def stub_worker(behaviour: str) -> web.Application:
     """``midstream``: one token, then the connection drops; ``early``: one token, then a
     clean end of the response without a ``finished`` line; ``refuse``: 503 at once."""
-    async def stats(_: web.Request) -> web.Response:
-        return web.json_response({"kv_usage": 0.0, "waiting": 0, "draining": False})
-
     async def generate(request: web.Request) -> web.StreamResponse:
         if behaviour == "refuse":
             return web.json_response({"error": {"message": "busy"}}, status=503)
@@ -41,10 +39,7 @@ def stub_worker(behaviour: str) -> web.Application:
         request.transport.close()  # the worker dies mid-response
         return response
 
-    app = web.Application()
-    app.router.add_get("/internal/stats", stats)
-    app.router.add_post("/internal/generate", generate)
-    return app
+    return stub_worker_app(generate)
 
 
 @pytest.fixture
