@@ -67,12 +67,12 @@ layers: setup
 	$(VENV)/bin/lint-imports
 
 # The suite on $(TEST_PROCESSES) processes (pytest-xdist): most of its time is spent waiting on
-# servers and timeouts, so a 2-core machine runs it faster on 6 (tests/conftest.py hands out a
+# servers and timeouts, so a 2-core machine runs it faster on 4 (tests/conftest.py hands out a
 # file at a time). The reliability suite runs among the rest: its figures that are latencies
 # under its own load are set against the same run's neighbours or its CPU time, and its other
 # bounds are timeouts with seconds of slack (they held in runs at a load average of 10).
 # Then one file without xdist: the suite must still run on one process (`-p no:xdist`).
-TEST_PROCESSES ?= 6
+TEST_PROCESSES ?= 4
 
 unit: setup prometheus
 	$(VENV)/bin/pytest -q -n $(TEST_PROCESSES) --durations=25
