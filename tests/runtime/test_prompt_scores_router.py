@@ -213,3 +213,8 @@ def test_n_choices_cost_about_what_one_does_to_build(tiny_model_dir: Path) -> No
     cpu_seconds(1)  # warm: the first build pays for imports and caches
     one, eight = (min(cpu_seconds(n) for _ in range(3)) for n in (1, 8))  # the least noise
     assert eight < 2.0 * one, (one, eight)
+
+
+def test_a_negative_limit_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="max_prompt_scores"):
+        RouterConfig(model="tiny", decode_urls=("http://127.0.0.1:9",), max_prompt_scores=-1)

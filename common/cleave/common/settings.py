@@ -208,7 +208,8 @@ class RoutingSettings(Settings):
         choices=PROMPT_TOKENS_DETAILS)
     max_prompt_scores: int = setting(
         DEFAULT_MAX_PROMPT_SCORES, "the most prompt logprobs one response may carry: prompt "
-        "tokens x (prompt_logprobs + 1) x n, an echo's logprobs counted alike; beyond it, 400",
+        "tokens x (prompt_logprobs + 1) x n (once on chat: its body carries them once), an "
+        "echo's logprobs counted alike; beyond it, 400",
         parse=int, metavar="N")
 
 
