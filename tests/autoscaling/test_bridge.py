@@ -51,3 +51,10 @@ def test_leaving_the_floor_neither_removes_nor_restarts_what_it_started() -> Non
                                 w("p3", PREFILL, ready=False)])
     assert home.flips == (("d1", DECODE),) and home.remove == ()
     assert home.start == {PREFILL: 0, DECODE: 0}, home
+
+
+def test_a_both_worker_short_in_both_roles_alike_goes_home() -> None:
+    """Equal shortfalls: its home role takes it (no flip away and back), the other starts one."""
+    plan = plan_flips({PREFILL: 2, DECODE: 2}, [w("d1", DECODE, role=BOTH), w("p1", PREFILL),
+                                                w("d2", DECODE)])
+    assert plan.flips == (("d1", DECODE),) and plan.start == {PREFILL: 1, DECODE: 0}

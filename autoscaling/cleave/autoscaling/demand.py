@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cleave.autoscaling.limits import EPS
+
 # A queue outgrowing service by this share, and holding over this many requests per ready
 # replica, is a load step rather than the noise of a busy queue.
 STEP_GROWTH = 0.2
@@ -100,7 +102,7 @@ def projected_kv_replicas(arrival_rate: float, prompt_tokens: float, output_toke
     each on average; sized at ``watermark`` of each replica's KV room."""
     streams = arrival_rate * output_tokens * tpot_s
     held = streams * (prompt_tokens + output_tokens / 2) * kv_bytes_per_token
-    return max(0, math.ceil(held / (kv_bytes_per_replica * watermark) - 1e-9))
+    return max(0, math.ceil(held / (kv_bytes_per_replica * watermark) - EPS))
 
 
 @dataclass(frozen=True)

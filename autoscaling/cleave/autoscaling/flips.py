@@ -73,10 +73,10 @@ def _other(role: str) -> str:
     return DECODE if role == PREFILL else PREFILL
 
 
-def _bridged(desired: Mapping[str, int], have: dict[str, list[WorkerView]],
+def _bridged(desired: Mapping[str, int], have: Mapping[str, list[WorkerView]],
              bridge: WorkerView | None) -> dict[str, int]:
     """Workers to keep per current role, the bridge counted in its home role (it goes back
-    there; added to ``have`` here). The backends count a both-worker in both roles, so the
+    there). The backends count a both-worker in both roles, so the
     policy's count of the role the bridge leaves includes it: that role gets its own workers
     in full once, while it has none (replacing the bridge's share), and one fewer than the
     policy's count after that, so a steady count does not start a replica every interval. Nor
@@ -85,10 +85,9 @@ def _bridged(desired: Mapping[str, int], have: dict[str, list[WorkerView]],
     want = {r: desired.get(r, 0) for r in ROLES}
     if bridge is None:
         return want
-    have[bridge.home].append(bridge)
     other = _other(bridge.home)
     if have[other]:
-        want[other] = max(min(1, want[other]), want[other] - 1, len(have[other]))
+        want[other] = max(want[other] - 1, len(have[other]))
     return want
 
 
@@ -108,6 +107,8 @@ def plan_flips(desired: Mapping[str, int], workers: Sequence[WorkerView],
     # has a ready worker of its own, so no request waits for a cold start meanwhile.
     bridge = flexible.pop(0) if flexible and not any(
         w.ready for w in have[_other(flexible[0].home)]) else None
+    if bridge is not None:
+        have[bridge.home].append(bridge)
     want = _bridged(desired, have, bridge)
     flips: list[tuple[str, str]] = []
     homes = {w.home for w in flexible}

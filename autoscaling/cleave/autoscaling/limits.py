@@ -12,7 +12,7 @@ from cleave.autoscaling.roles import DECODE, PREFILL
 if TYPE_CHECKING:
     from cleave.autoscaling.policy import PolicyConfig
 
-EPS = 1e-9  # float noise in replica arithmetic: floor(2 * 1.5) is 3, ceil(2 * 1.5) is 3
+EPS = 1e-9  # float noise in replica arithmetic: ceil(3.0000000000000004) must be 3, not 4
 
 
 def fit_limits(want: dict[str, int], why: dict[str, list[str]],

@@ -35,7 +35,6 @@ from cleave.autoscaling.traces import Trace
 
 POLICIES = ("cleave", "llmd", "hpa", "static")
 TTFT_TARGET_SHARE = 0.5
-TPOT_TARGET_SHARE = 0.8
 KV_WATERMARK = 0.8
 UTILIZATION = 0.8
 FLOOR_UTILIZATION = FloorPolicy().utilization  # the policy's floor, for the oracle too
@@ -58,7 +57,7 @@ def cleave_config(cfg: SimConfig, trace: Trace, max_replicas: int) -> PolicyConf
                      gpus_per_replica=cost.prefill_tp, target_utilization=UTILIZATION,
                      prior_throughput=cost.prefill_tokens_per_second(),
                      startup_s=cfg.cold_start_s)
-    dec = RolePolicy(1, max_replicas, latency_target=TPOT_TARGET_SHARE * cfg.tpot_slo,
+    dec = RolePolicy(1, max_replicas, latency_target=cfg.decode_step_s(),
                      kv_watermark=KV_WATERMARK, gpus_per_replica=cost.decode_tp,
                      target_utilization=UTILIZATION,
                      prior_throughput=cost.decode_tokens_per_second(mean_in + mean_out / 2),
@@ -174,12 +173,12 @@ def static_lower_bound(cfg: SimConfig, trace: Trace) -> tuple[int, int]:
     capacity model at 100 % utilization, the prefill replicas' share net of what the decode
     replicas lend (with the convertible router a static deployment absorbs its bursts there,
     so sizing prefill alone for the peak would miss cheaper deployments that meet the goal)."""
-    p, d = capacity_estimate(cfg, trace, 1.0)
+    mean_in, mean_out = mean_lengths(trace)
+    peak = trace.peak_rate(60.0)
+    p, d = capacity_estimate(cfg, trace, 1.0, peak, (mean_in, mean_out))
     lending = convertible_prefill(cfg)
     if lending is None:
         return p, d
-    mean_in, mean_out = mean_lengths(trace)
-    peak = trace.peak_rate(60.0)
     lent = lending.lent(d, peak * mean_out)
     net = (peak * mean_in - lent) / cfg.cost.prefill_tokens_per_second()
     return max(1, min(p, math.ceil(net))), d

@@ -13,9 +13,11 @@ from cleave.autoscaling.policy import PREFILL
 from cleave.autoscaling.simreplicas import INF, SimRequest
 from cleave.autoscaling.simworker import EngineConfig
 
-# A decode step with its prefill chunk stays within this share of the TPOT SLO: the policy's
-# TPOT target (scenarios.TPOT_TARGET_SHARE), leaving the rest for batch growth and warmup.
+# A decode step with its prefill chunk stays within this share of the TPOT SLO, and the policy's
+# TPOT target is the same step time (scenarios: latency_target), leaving the rest for batch
+# growth and warmup.
 DECODE_STEP_SHARE = 0.8
+
 
 @dataclass(frozen=True)
 class SimConfig:

@@ -76,10 +76,7 @@ async def reported_roles(session: aiohttp.ClientSession,
             return _name(pod), None
         try:
             async with session.get(url + "/internal/stats", headers=auth,
-                                   # A connect of its own bound: without one, a pod that never
-                                # answers the SYN ends as a plain timeout, read as unknown.
-                                timeout=aiohttp.ClientTimeout(total=timeout_s,
-                                                              sock_connect=timeout_s / 2)) as r:
+                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                 stats = await r.json() if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
             stats = {}
