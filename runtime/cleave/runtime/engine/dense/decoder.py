@@ -15,12 +15,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from cleave.runtime.engine.dense import native_decode
 from cleave.runtime.engine.dense.attention import AttentionConfig, paged_attention
+from cleave.runtime.engine.dense.linear import Linear
 from cleave.runtime.engine.dense.norms import RMSNorm
 from cleave.runtime.engine.dense.rotary import RotaryTable, apply_rotary
 from cleave.runtime.engine.dense.weights import LayerWeights, load_layer
 from cleave.runtime.engine.families.spec import DecoderSpec, RopeSpec
 from cleave.runtime.engine.kv_layout import KVLayout
+from cleave.runtime.engine.native.kernels import Kernels, kernels
 from cleave.runtime.engine.paged_model import AttentionBatch
 from cleave.runtime.engine.parallel.shard import Shard
 
@@ -60,6 +63,7 @@ class PagedDecoder:
                             else torch.tensor(spec.embed_scale, dtype=dtype, device=device))
         self.final_norm = RMSNorm(w("model.norm.weight"), spec.rms_norm_eps, spec.norm_offset)
         self.lm_head = self.embed if spec.shape.tie_word_embeddings else w("lm_head.weight")
+        self.head = Linear(self.lm_head, prepack=False)
         self.layers: list[LayerWeights] = [load_layer(spec, i, w, self.act, shard)
                                            for i in range(spec.shape.num_layers)]
         self._tables: dict[RopeSpec, RotaryTable] = {}
@@ -69,8 +73,15 @@ class PagedDecoder:
                     layer.rope, hf_config, spec.shape.max_position_embeddings, dtype, device)
         tiled = device.type == "cpu" and dtype == torch.bfloat16
         scale = spec.attn_scale if spec.attn_scale is not None else spec.shape.head_dim ** -0.5
-        self.attention = [AttentionConfig(scale, spec.attn_softcap, layer.sliding_window, tiled)
-                          for layer in spec.layers]
+        native = (kernels() if Kernels.takes_decode_attention(
+            self.nq, self.nkv, spec.shape.head_dim, dtype, device) else None)
+        self.attention = [AttentionConfig(scale, spec.attn_softcap, layer.sliding_window, tiled,
+                                          native) for layer in spec.layers]
+        ropes = {layer.rope for layer in spec.layers}
+        self.native_decode = native_decode.build(
+            native, self.layers, self.attention, self.nq, self.nkv, spec.shape.head_dim,
+            spec.rms_norm_eps, len(ropes) == 1 and ropes.pop().rotary_dim == spec.shape.head_dim
+            and shard is None)
 
     @property
     def device(self) -> torch.device:
@@ -99,12 +110,16 @@ class PagedDecoder:
         if self.embed_scale is not None:
             h = h * self.embed_scale
         rotary = {key: table.at(batch.positions) for key, table in self._tables.items()}
-        for i, (layer, k_cache, v_cache) in enumerate(
-                zip(self.layers, k_pool, v_pool, strict=True)):
-            cos, sin = rotary[self.spec.layers[i].rope]
-            h = self._layer(h, layer, self.attention[i], cos, sin, k_cache, v_cache, batch)
+        if self.native_decode is not None and self.native_decode.takes(batch, h.shape[0]):
+            cos, sin = rotary[self.spec.layers[0].rope]
+            h = self.native_decode.run(h, batch, cos, sin, k_pool, v_pool)
+        else:
+            for i, (layer, k_cache, v_cache) in enumerate(
+                    zip(self.layers, k_pool, v_pool, strict=True)):
+                cos, sin = rotary[self.spec.layers[i].rope]
+                h = self._layer(h, layer, self.attention[i], cos, sin, k_cache, v_cache, batch)
         h = self.final_norm(h[batch.logits_indices])
-        logits = F.linear(h, self.lm_head)
+        logits = self.head(h)
         cap = self.spec.final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -1,19 +1,28 @@
-"""A linear layer whose bf16 weights on the CPU are prepacked for oneDNN once, at load.
+"""A linear layer that picks, per call, the fastest kernel measured for its shape.
 
-``F.linear`` hands oneDNN a plain row-major weight on every call; a weight reordered once into
-oneDNN's own blocked layout (``Tensor.to_mkldnn``, run by ``mkldnn._linear_pointwise``, which is
-what Inductor's CPU freezing emits too) gives bit-identical outputs and streams the weights
-faster when they are not in cache, as in decode, where every layer's weights are read once a
-step: 1.3-1.7x on the default model's layer shapes, 1-32 rows, one thread (bench/linear_micro.py).
-Elsewhere (fp32, whose token identity with transformers the tests pin; CUDA; a CPU without
-native bf16, e.g. AVX2 only, where oneDNN has no bf16 inner product for a packed weight and
-refuses to build one) it is ``F.linear``.
+- bf16 on a CPU with AVX512-BF16, up to ``NATIVE_MAX_ROWS`` rows (decode): the native kernel
+  (native/kernels.c), which streams the row-major weights at the core's read bandwidth where
+  oneDNN's bf16 inner product reached a third of it (bench/linear_micro.py). Its outputs match
+  oneDNN's bit for bit but for the order of fp32 sums (over 99.9 % of elements identical).
+- More rows (prefill) on the same weights: ``F.linear`` (oneDNN), compute-bound there, where it
+  ties with a prepacked weight; keeping one row-major copy serves both.
+- bf16 on a CPU whose oneDNN takes packed bf16 but without the native kernels (no compiler,
+  ``CLEAVE_NATIVE_KERNELS=0``): weights reordered once, at load, into oneDNN's blocked layout
+  (``Tensor.to_mkldnn``, run by ``mkldnn._linear_pointwise``, as Inductor's CPU freezing
+  emits), 1.3-1.7x ``F.linear`` in decode with the same bits.
+- Elsewhere (fp32, whose token identity with transformers the tests pin; CUDA; AVX2 only):
+  ``F.linear``.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from cleave.runtime.engine.native.kernels import Kernels, kernels
+
+# Above this many rows oneDNN's compute-bound kernel wins (bench/linear_micro.py's crossover).
+NATIVE_MAX_ROWS = 32
 
 
 def cpu_packs_bf16() -> bool:
@@ -28,18 +37,29 @@ def packs(weight: torch.Tensor) -> bool:
             and cpu_packs_bf16())
 
 
-class Linear:
-    """``x @ weight.T + bias`` for ``x [tokens, in]``."""
+def native_for(weight: torch.Tensor) -> Kernels | None:
+    """The native kernels when they run this weight, else None."""
+    return kernels() if Kernels.takes_linear(weight) else None
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+
+class Linear:
+    """``x @ weight.T + bias`` for ``x [tokens, in]``. ``prepack=False`` keeps the weight as
+    given where it would be reordered for oneDNN (the LM head tied to the embeddings, which
+    must stay row-major for the lookup and is not worth a second copy)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 prepack: bool = True) -> None:
         self.out_features, self.in_features = weight.shape
         self._nbytes = weight.numel() * weight.element_size() + (
             0 if bias is None else bias.numel() * bias.element_size())
         self.bias = bias
-        self.packed = packs(weight)
+        self.native = native_for(weight)
+        self.packed = prepack and self.native is None and packs(weight)
         self.weight = weight.contiguous().to_mkldnn() if self.packed else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None and x.shape[0] <= NATIVE_MAX_ROWS:
+            return self.native.linear(x, self.weight, self.bias)
         if self.packed:
             out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
                 x, self.weight, self.bias, "none", [], "")

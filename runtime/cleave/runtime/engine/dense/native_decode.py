@@ -1,0 +1,100 @@
+"""A decode step's layers run by the native kernels, one call per layer (native/kernels.c
+``decode_layer_bf16``), for Llama-shaped layers: pre-norms only, full rotary, plain causal
+attention, a dense SiLU MLP, one rank, bf16 on an AVX512-BF16 CPU. Other steps (prefill
+chunks, more than ``NATIVE_MAX_ROWS`` decodes) and other layers take the torch path, whose
+roundings the kernel keeps op for op."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from cleave.runtime.engine.dense.attention import AttentionConfig
+from cleave.runtime.engine.dense.linear import NATIVE_MAX_ROWS
+from cleave.runtime.engine.dense.mlp import DenseMLP
+from cleave.runtime.engine.dense.weights import LayerWeights
+from cleave.runtime.engine.native.kernels import Kernels, LayerArgs
+from cleave.runtime.engine.paged_model import AttentionBatch
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def layer_args(layer: LayerWeights, cfg: AttentionConfig, nq: int, nkv: int, d: int,
+               eps: float) -> LayerArgs | None:
+    """The kernel's view of ``layer``, or None where the layer is not the shape it runs."""
+    mlp = layer.mlp
+    if (cfg.native is None or not cfg.plain or layer.q_norm is not None
+            or layer.attn_out_norm is not None or layer.mlp_out_norm is not None
+            or not isinstance(mlp, DenseMLP) or mlp.act is not F.silu
+            or layer.attn_in_norm.gemma or layer.mlp_in_norm.gemma
+            or any(lin.native is None for lin in (layer.qkv, layer.o_proj, mlp.gate_up,
+                                                  mlp.down))
+            or layer.qkv.in_features % 16 or mlp.down.in_features % 16):
+        return None
+    return LayerArgs(
+        layer.qkv.in_features, nq, nkv, d, mlp.down.in_features, eps, cfg.scale,
+        _ptr(layer.attn_in_norm.weight), _ptr(layer.qkv.weight), _ptr(layer.qkv.bias),
+        _ptr(layer.o_proj.weight), _ptr(layer.o_proj.bias), _ptr(layer.mlp_in_norm.weight),
+        _ptr(mlp.gate_up.weight), _ptr(mlp.down.weight))
+
+
+class NativeDecode:
+    """Every layer of a model in the kernel's terms; built only when every layer qualifies."""
+
+    def __init__(self, kernels: Kernels, layers: list[LayerArgs], keep: list[LayerWeights],
+                 nq: int, nkv: int, d: int) -> None:
+        self.kernels, self.layers = kernels, layers
+        self._keep = keep  # the tensors the pointers above point into
+        self.nq, self.nkv, self.d = nq, nkv, d
+        first = layers[0]
+        self.hidden, self.inter = first.hidden, first.inter
+
+    @staticmethod
+    def takes(batch: AttentionBatch, tokens: int) -> bool:
+        return not batch.prefills and 0 < tokens <= NATIVE_MAX_ROWS
+
+    def run(self, h: torch.Tensor, batch: AttentionBatch, cos: torch.Tensor,
+            sin: torch.Tensor, k_pool: list[torch.Tensor],
+            v_pool: list[torch.Tensor]) -> torch.Tensor:
+        """All layers over ``h [tokens, hidden]`` (a fresh tensor, updated in place)."""
+        tables, lengths = _one_table(batch)
+        rows = h.shape[0]
+        _, blocks, bs, _ = k_pool[0].shape
+        words = rows * (self.hidden + (self.nq + 2 * self.nkv) * self.d + self.nq * self.d
+                        + 3 * self.inter)
+        bbuf = torch.empty(words, dtype=torch.bfloat16)
+        fbuf = torch.empty(self.nq // self.nkv * tables.shape[1] * bs, dtype=torch.float32)
+        h = h.contiguous()
+        cos = cos.reshape(rows, -1).contiguous()
+        sin = sin.reshape(rows, -1).contiguous()
+        for args, k, v in zip(self.layers, k_pool, v_pool, strict=True):
+            self.kernels.decode_layer(args, h, rows, cos, sin, k, v, blocks, bs,
+                                      batch.slot_mapping, tables, lengths, fbuf, bbuf)
+        return h
+
+
+def _one_table(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's decode groups' block tables as one ``[seqs, widest]`` table, and lengths."""
+    groups = batch.decode_groups
+    if len(groups) == 1:
+        return groups[0].block_tables, groups[0].lengths
+    width = max(g.block_tables.shape[1] for g in groups)
+    tables = torch.cat([F.pad(g.block_tables, (0, width - g.block_tables.shape[1]))
+                        for g in groups])
+    return tables, torch.cat([g.lengths for g in groups])
+
+
+def build(kernels: Kernels | None, layers: list[LayerWeights], configs: list[AttentionConfig],
+          nq: int, nkv: int, d: int, eps: float, rotary_full: bool) -> NativeDecode | None:
+    if kernels is None or not rotary_full:
+        return None
+    args = [layer_args(layer, cfg, nq, nkv, d, eps) for layer, cfg in zip(layers, configs,
+                                                                         strict=True)]
+    if any(a is None for a in args):
+        return None
+    return NativeDecode(kernels, [a for a in args if a is not None], layers, nq, nkv, d)
+
+
+

@@ -1,0 +1,90 @@
+"""Builds kernels.c into a shared library on first use, cached per source, compiler and flags.
+
+A plain C library called through ctypes, not a torch C++ extension: it compiles in under a
+second with no torch headers, pybind11 or ninja, and a ctypes call costs a few microseconds,
+small beside the kernels' milliseconds. The library is rebuilt only when the source, the
+compiler or the flags change (the cache key), written under a temporary name and renamed, so
+concurrent workers never load a half-written file.
+
+``CLEAVE_NATIVE_KERNELS=0`` turns the kernels off (the stock torch path runs instead): for A/B
+runs and as an escape hatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ("-O3", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
+CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
+ENV_SWITCH = "CLEAVE_NATIVE_KERNELS"
+
+
+@dataclass(frozen=True)
+class Built:
+    """Where the library is, or why there is none (``path`` None)."""
+
+    path: Path | None
+    reason: str
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags (Linux); empty where they cannot be read."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cleave" / "native"
+
+
+def unavailable(flags: frozenset[str], compiler: str | None, switch: str | None) -> str | None:
+    """Why the kernels cannot be used here, or None: a pure decision, tested on its own."""
+    if switch is not None and switch.strip().lower() in {"0", "off", "false", "no"}:
+        return f"{ENV_SWITCH}={switch}"
+    missing = sorted(CPU_FLAGS - flags)
+    if missing:
+        return "the CPU lacks " + ", ".join(missing)
+    if compiler is None:
+        return "no C compiler (cc or $CC) on PATH"
+    return None
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def build(directory: Path | None = None) -> Built:
+    """The library's path, compiling it if this source/compiler/flags has not been built."""
+    compiler = _compiler()
+    reason = unavailable(cpu_flags(), compiler, os.environ.get(ENV_SWITCH))
+    if reason is not None or compiler is None:
+        return Built(None, reason or "no compiler")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=False).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *FLAGS]).encode())
+    directory = directory or cache_dir()
+    target = directory / f"kernels-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return Built(target, "cached")
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        out = Path(tmp) / target.name
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(out)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return Built(None, f"{compiler} failed: {done.stderr.strip()[-500:]}")
+        os.replace(out, target)
+    return Built(target, "built")

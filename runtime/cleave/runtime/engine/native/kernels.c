@@ -1,0 +1,288 @@
+/* Cleave's native CPU kernels (bf16, AVX512-BF16), built on first use by native/build.py.
+ *
+ * linear_bf16: y = x @ w.T (+ bias) for the few rows of a decode step. Stock kernels (oneDNN's
+ * bf16 inner product, packed or not) stream decode's weights at 6-9 GB/s on one core here,
+ * a third of what the core can read (bench/linear_micro.py): they are built for compute-bound
+ * shapes. This one reads w row-major, four rows at a time, and prefetches the rows two tiles
+ * ahead in address order, so the whole matrix is one forward stream the memory system can keep
+ * full; each tile of w is applied to up to four rows of x while it is in registers. Products
+ * are bf16 x bf16 summed in fp32 (VDPBF16PS), rounded once to bf16 at the end (round to
+ * nearest even), as oneDNN does; only the order of the fp32 sums differs.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#define TILE 4   /* rows of w per tile */
+#define AHEAD 2  /* tiles prefetched ahead */
+
+static inline float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* One tile of ``rows`` (<= TILE) rows of w against ``mb`` rows of x (a compile-time constant
+ * at each call site, so the accumulators stay in registers). K is a multiple of 32. */
+static inline __attribute__((always_inline)) void tile(
+    const uint16_t *x, long ldx, const uint16_t *t, long K, const uint16_t *bias, long n0,
+    int rows, uint16_t *y, long ldy, const int mb, const char *prefetch, const char *end) {
+  __m512 acc[TILE][4];
+  for (int i = 0; i < TILE; i++)
+    for (int j = 0; j < mb; j++) acc[i][j] = _mm512_setzero_ps();
+  for (long k = 0; k < K; k += 32) {
+    if (prefetch) /* one tile's worth of lines over the tile's K/32 steps, in address order */
+      for (int i = 0; i < TILE; i++, prefetch += 64)
+        if (prefetch < end) _mm_prefetch(prefetch, _MM_HINT_T0);
+    __m512bh xv[4];
+    for (int j = 0; j < mb; j++) xv[j] = (__m512bh)_mm512_loadu_si512(x + j * ldx + k);
+    for (int i = 0; i < TILE; i++) {
+      __m512bh wv = (__m512bh)_mm512_loadu_si512(t + (i < rows ? i : 0) * K + k);
+      for (int j = 0; j < mb; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
+    }
+  }
+  for (int i = 0; i < rows; i++) {
+    float b = bias ? bf16_to_float(bias[n0 + i]) : 0.0f;
+    for (int j = 0; j < mb; j++)
+      y[j * ldy + n0 + i] = float_to_bf16(_mm512_reduce_add_ps(acc[i][j]) + b);
+  }
+}
+
+/* y[m * ldy + n] = sum_k x[m * ldx + k] * w[n * K + k] + bias[n], for m < M, n < N.
+ * x, w, bias, y are bf16 bit patterns; bias may be NULL; K % 32 == 0. */
+void linear_bf16(const uint16_t *x, long ldx, const uint16_t *w, const uint16_t *bias,
+                 uint16_t *y, long ldy, long M, long N, long K) {
+  const char *end = (const char *)(w + N * K);
+  for (long n0 = 0; n0 < N; n0 += TILE) {
+    const uint16_t *t = w + n0 * K;
+    int rows = N - n0 < TILE ? (int)(N - n0) : TILE;
+    const char *prefetch = (const char *)(t + AHEAD * TILE * K);
+    long m = 0;
+    for (; m + 4 <= M; m += 4, prefetch = 0)
+      tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 4, prefetch, end);
+    switch (M - m) {
+      case 3: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 3, prefetch, end); break;
+      case 2: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 2, prefetch, end); break;
+      case 1: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 1, prefetch, end); break;
+      default: break;
+    }
+  }
+}
+
+/* e^x for 16 lanes, x <= 88: 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, p a degree-6
+ * Taylor polynomial (relative error < 2e-7). */
+static inline __m512 exp_nonpositive_or_small(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f)); /* e^-87 is below fp32's normal range */
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 load_bf16x16(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* decode_attention_bf16: one query token per sequence over its KV in the paged pool, read in
+ * place through the block table. The stock path gathers each sequence's blocks into new
+ * tensors (index_select) and runs two bf16 bmm's and a softmax: at batch 1 those small calls
+ * were a quarter of a decode step. Scores, softmax and the weighted sum of V are fp32; the
+ * output is rounded to bf16 once (the stock path rounds scores and probabilities to bf16).
+ *
+ * q: [seqs] rows of q_stride elements, each nq heads of d; pools: [nkv, blocks, bs, d];
+ * tables: [seqs, table_width] block ids; lengths: [seqs] keys to attend (0..length-1);
+ * out: [seqs, nq, d]. d % 32 == 0, d <= 256, nq % nkv == 0. scratch: nq/nkv * max(length)
+ * floats. */
+void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_pool,
+                           const uint16_t *v_pool, long blocks, long bs, const int64_t *tables,
+                           long table_width, const int64_t *lengths, long seqs, long nq,
+                           long nkv, long d, float scale, float *scratch, uint16_t *out) {
+  long group = nq / nkv, dv = d / 16;
+  for (long s = 0; s < seqs; s++) {
+    long len = lengths[s];
+    const int64_t *table = tables + s * table_width;
+    for (long h = 0; h < nkv; h++) {
+      const uint16_t *kh = k_pool + h * blocks * bs * d, *vh = v_pool + h * blocks * bs * d;
+      for (long g = 0; g < group; g++) {
+        const uint16_t *qg = q + s * q_stride + (h * group + g) * d;
+        float *sc = scratch + g * len;
+        for (long p = 0; p < len; p++) {
+          const uint16_t *key = kh + (table[p / bs] * bs + p % bs) * d;
+          __m512 acc = _mm512_setzero_ps();
+          for (long c = 0; c < d; c += 32)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + c),
+                                   (__m512bh)_mm512_loadu_si512(key + c));
+          sc[p] = _mm512_reduce_add_ps(acc) * scale;
+        }
+        float mx = -INFINITY;
+        for (long p = 0; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
+        __m512 vmx = _mm512_set1_ps(mx), vsum = _mm512_setzero_ps();
+        long p = 0;
+        for (; p + 16 <= len; p += 16) {
+          __m512 e = exp_nonpositive_or_small(_mm512_sub_ps(_mm512_loadu_ps(sc + p), vmx));
+          _mm512_storeu_ps(sc + p, e);
+          vsum = _mm512_add_ps(vsum, e);
+        }
+        if (p < len) {
+          __mmask16 m = (__mmask16)((1u << (len - p)) - 1);
+          __m512 e = exp_nonpositive_or_small(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + p), vmx));
+          _mm512_mask_storeu_ps(sc + p, m, e);
+          vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+        }
+        float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+        for (long p2 = 0; p2 < len; p2++) sc[p2] *= inv;
+      }
+      __m512 acc[8 * 16]; /* [group <= 8][d/16 <= 16] */
+      for (long i = 0; i < group * dv; i++) acc[i] = _mm512_setzero_ps();
+      for (long p = 0; p < len; p++) {
+        const uint16_t *val = vh + (table[p / bs] * bs + p % bs) * d;
+        for (long c = 0; c < dv; c++) {
+          __m512 vv = load_bf16x16(val + 16 * c);
+          for (long g = 0; g < group; g++)
+            acc[g * dv + c] = _mm512_fmadd_ps(_mm512_set1_ps(scratch[g * len + p]), vv,
+                                              acc[g * dv + c]);
+        }
+      }
+      for (long g = 0; g < group; g++) {
+        uint16_t *o = out + (s * nq + h * group + g) * d;
+        for (long c = 0; c < dv; c++) {
+          float tmp[16];
+          _mm512_storeu_ps(tmp, acc[g * dv + c]);
+          for (int i = 0; i < 16; i++) o[16 * c + i] = float_to_bf16(tmp[i]);
+        }
+      }
+    }
+  }
+}
+
+/* ---- One whole decoder layer for a decode step (Llama-shaped families) ----
+ * A decode step of the default model issued about 1,700 torch calls for its small ops (norms,
+ * rotary, residual adds, SiLU-and-mul, KV writes): several microseconds of dispatch and a new
+ * tensor each, a fixed cost of milliseconds per step whatever the batch. This runs a layer's
+ * whole decode forward in one call, with the same roundings as the torch path: every op's
+ * result is rounded to bf16 where torch's bf16 op would round it. */
+
+static inline __m512 round_bf16(__m512 x) { /* fp32 -> nearest-even bf16 -> fp32 */
+  __m512i u = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x);
+}
+
+static inline void store_bf16x16(uint16_t *p, __m512 x) { /* x already bf16-valued */
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+      _mm512_castps_si512(x), 16)));
+}
+
+static inline __m512 exp_any(__m512 x) { /* e^x, |x| <= 88 after clamping */
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+  return exp_nonpositive_or_small(x);
+}
+
+typedef struct {
+  long hidden, nq, nkv, d, inter;
+  float eps, scale;
+  const uint16_t *in_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
+} layer_t;
+
+/* y = weight * bf16(x * rsqrt(mean(x^2) + eps)), per row of n (n % 16 == 0) */
+static void rms_norm(const uint16_t *x, const uint16_t *w, uint16_t *y, long rows, long n,
+                     float eps) {
+  for (long r = 0; r < rows; r++, x += n, y += n) {
+    __m512 ss = _mm512_setzero_ps();
+    for (long c = 0; c < n; c += 16) {
+      __m512 v = load_bf16x16(x + c);
+      ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)n + eps));
+    for (long c = 0; c < n; c += 16) {
+      __m512 v = round_bf16(_mm512_mul_ps(load_bf16x16(x + c), inv));
+      store_bf16x16(y + c, round_bf16(_mm512_mul_ps(v, load_bf16x16(w + c))));
+    }
+  }
+}
+
+/* h = bf16(h + o), per element */
+static void add_into(uint16_t *h, const uint16_t *o, long count) {
+  for (long c = 0; c < count; c += 16)
+    store_bf16x16(h + c, round_bf16(_mm512_add_ps(load_bf16x16(h + c), load_bf16x16(o + c))));
+}
+
+/* x' = bf16(bf16(x * cos) + bf16(roll(x, d/2) * sin)), sin's first half negated (rotary.py) */
+static void rotate(uint16_t *x, const uint16_t *cos, const uint16_t *sin, long heads, long d) {
+  float tmp[256];
+  for (long hh = 0; hh < heads; hh++, x += d) {
+    for (long c = 0; c < d; c++) tmp[c] = bf16_to_float(x[c]);
+    for (long c = 0; c < d; c += 16) {
+      __m512 a = round_bf16(_mm512_mul_ps(_mm512_loadu_ps(tmp + c), load_bf16x16(cos + c)));
+      long src = (c + d / 2) % d; /* roll by d/2: out[c] = x[c - d/2] */
+      __m512 b = round_bf16(_mm512_mul_ps(_mm512_loadu_ps(tmp + src), load_bf16x16(sin + c)));
+      store_bf16x16(x + c, round_bf16(_mm512_add_ps(a, b)));
+    }
+  }
+}
+
+/* a = bf16(bf16(silu(gate)) * up) for gate_up rows [gate | up] of 2 * inter */
+static void silu_mul(const uint16_t *gu, uint16_t *a, long rows, long inter) {
+  for (long r = 0; r < rows; r++, gu += 2 * inter, a += inter)
+    for (long c = 0; c < inter; c += 16) {
+      __m512 g = load_bf16x16(gu + c);
+      __m512 e = exp_any(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      __m512 s = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+      store_bf16x16(a + c, round_bf16(_mm512_mul_ps(s, load_bf16x16(gu + inter + c))));
+    }
+}
+
+/* h [rows, hidden] in place. cos/sin: [rows, d]. slots: [rows] pool slots for the new KV.
+ * fbuf: floats for the attention scratch; bbuf: bf16 scratch of
+ * rows * (hidden + (nq + 2 nkv) d + nq d + 2 inter + inter) elements. */
+void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t *cos,
+                       const uint16_t *sin, uint16_t *k_pool, uint16_t *v_pool, long blocks,
+                       long bs, const int64_t *slots, const int64_t *tables, long table_width,
+                       const int64_t *lengths, float *fbuf, uint16_t *bbuf) {
+  long H = L->hidden, d = L->d, nq = L->nq, nkv = L->nkv, I = L->inter;
+  long width = (nq + 2 * nkv) * d;
+  uint16_t *xn = bbuf, *qkv = xn + rows * H, *attn = qkv + rows * width,
+           *gu = attn + rows * nq * d, *act = gu + rows * 2 * I, *out = xn;
+  rms_norm(h, L->in_norm, xn, rows, H, L->eps);
+  linear_bf16(xn, H, L->qkv, L->qkv_bias, qkv, width, rows, width, H);
+  for (long r = 0; r < rows; r++) {
+    uint16_t *row = qkv + r * width;
+    rotate(row, cos + r * d, sin + r * d, nq + nkv, d); /* q and k heads are adjacent */
+    for (long hh = 0; hh < nkv; hh++) {
+      long at = (hh * blocks * bs + slots[r]) * d;
+      memcpy(k_pool + at, row + (nq + hh) * d, d * 2);
+      memcpy(v_pool + at, row + (nq + nkv + hh) * d, d * 2);
+    }
+  }
+  decode_attention_bf16(qkv, width, k_pool, v_pool, blocks, bs, tables, table_width, lengths,
+                        rows, nq, nkv, d, L->scale, fbuf, attn);
+  linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d);
+  add_into(h, out, rows * H);
+  rms_norm(h, L->post_norm, xn, rows, H, L->eps);
+  linear_bf16(xn, H, L->gate_up, NULL, gu, 2 * I, rows, 2 * I, H);
+  silu_mul(gu, act, rows, I);
+  linear_bf16(act, I, L->down, NULL, out, H, rows, H, I);
+  add_into(h, out, rows * H);
+}

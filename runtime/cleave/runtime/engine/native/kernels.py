@@ -1,0 +1,115 @@
+"""ctypes bindings of the native kernels (kernels.c), loaded once per process."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+
+import torch
+
+from cleave.runtime.engine.native.build import build
+
+log = logging.getLogger(__name__)
+
+_P, _L = ctypes.c_void_p, ctypes.c_long
+
+
+class LayerArgs(ctypes.Structure):
+    """kernels.c's ``layer_t``: a layer's sizes and the addresses of its bf16 weights."""
+
+    _fields_ = [("hidden", _L), ("nq", _L), ("nkv", _L), ("d", _L), ("inter", _L),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("in_norm", _P), ("qkv", _P), ("qkv_bias", _P), ("o", _P), ("o_bias", _P),
+                ("post_norm", _P), ("gate_up", _P), ("down", _P)]
+
+
+class Kernels:
+    """The loaded library. Callers check :meth:`takes_linear` before :meth:`linear`."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._linear = lib.linear_bf16
+        self._linear.argtypes = [_P, _L, _P, _P, _P, _L, _L, _L, _L]
+        self._linear.restype = None
+        self._attention = lib.decode_attention_bf16
+        self._attention.argtypes = [_P, _L, _P, _P, _L, _L, _P, _L, _P, _L, _L, _L, _L,
+                                    ctypes.c_float, _P, _P]
+        self._attention.restype = None
+        self._layer = lib.decode_layer_bf16
+        self._layer.argtypes = [ctypes.POINTER(LayerArgs), _P, _L, _P, _P, _P, _P, _L, _L, _P,
+                                _P, _L, _P, _P, _P]
+        self._layer.restype = None
+
+    @staticmethod
+    def takes_linear(weight: torch.Tensor) -> bool:
+        """Whether :meth:`linear` runs this weight: bf16 on the CPU, row-major, and an input
+        width the kernel's 32-wide steps divide."""
+        return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+                and weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] % 32 == 0)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T + bias`` for ``x [rows, in]`` (bf16)."""
+        rows, width = x.shape
+        out_features = weight.shape[0]
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if x.dtype != torch.bfloat16 or width != weight.shape[1]:
+            raise ValueError(f"linear: x {tuple(x.shape)} {x.dtype} stride {x.stride()} "
+                             f"against weight {tuple(weight.shape)}")
+        y = torch.empty(rows, out_features, dtype=torch.bfloat16)
+        self._linear(x.data_ptr(), x.stride(0), weight.data_ptr(),
+                     None if bias is None else bias.contiguous().data_ptr(),
+                     y.data_ptr(), out_features, rows, out_features, width)
+        return y
+
+
+    @staticmethod
+    def takes_decode_attention(num_heads: int, num_kv_heads: int, head_dim: int,
+                               dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether :meth:`decode_attention` runs this shape (its accumulators fit)."""
+        return (device.type == "cpu" and dtype == torch.bfloat16 and head_dim % 32 == 0
+                and head_dim <= 256 and num_heads % num_kv_heads == 0
+                and num_heads // num_kv_heads <= 8)
+
+    def decode_attention(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                         tables: torch.Tensor, lengths: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+        """One query per sequence, ``q [seqs, nq, d]``, over the first ``lengths[s]`` keys of
+        its blocks ``tables [seqs, width]`` (int64) in ``k_pool``/``v_pool [nkv, blocks, bs,
+        d]``; returns ``[seqs, nq, d]``."""
+        seqs, nq, d = q.shape
+        nkv, blocks, bs, _ = k_pool.shape
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
+        if tables.dtype != torch.int64 or lengths.dtype != torch.int64:
+            raise ValueError("decode_attention: block tables and lengths must be int64")
+        tables, lengths = tables.contiguous(), lengths.contiguous()
+        scratch = torch.empty(nq // nkv * tables.shape[1] * bs, dtype=torch.float32)
+        out = torch.empty(seqs, nq, d, dtype=torch.bfloat16)
+        self._attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
+                        blocks, bs, tables.data_ptr(), tables.shape[1], lengths.data_ptr(),
+                        seqs, nq, nkv, d, scale, scratch.data_ptr(), out.data_ptr())
+        return out
+
+
+    def decode_layer(self, args: LayerArgs, h: torch.Tensor, rows: int, cos: torch.Tensor,
+                     sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                     blocks: int, bs: int, slots: torch.Tensor, tables: torch.Tensor,
+                     lengths: torch.Tensor, fbuf: torch.Tensor, bbuf: torch.Tensor) -> None:
+        """One layer's decode forward over ``h`` in place (see native_decode.py, which sizes
+        the buffers); every tensor contiguous, indices int64."""
+        self._layer(ctypes.byref(args), h.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(),
+                    k_pool.data_ptr(), v_pool.data_ptr(), blocks, bs, slots.data_ptr(),
+                    tables.data_ptr(), tables.shape[1], lengths.data_ptr(), fbuf.data_ptr(),
+                    bbuf.data_ptr())
+
+
+@functools.cache
+def kernels() -> Kernels | None:
+    """The native kernels, or None (logged once, with the reason) where they cannot run."""
+    built = build()
+    if built.path is None:
+        log.info("native kernels off: %s; stock torch kernels run instead", built.reason)
+        return None
+    return Kernels(ctypes.CDLL(str(built.path)))
