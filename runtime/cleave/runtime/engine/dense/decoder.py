@@ -78,10 +78,12 @@ class PagedDecoder:
         self.attention = [AttentionConfig(scale, spec.attn_softcap, layer.sliding_window, tiled,
                                           native) for layer in spec.layers]
         ropes = {layer.rope for layer in spec.layers}
+        full_rotary = all(rope.rotary_dim == spec.shape.head_dim for rope in ropes)
+        self.native_rotary = (kernels() if full_rotary and self.layers[0].qkv.native is not None
+                              else None)
         self.native_decode = native_decode.build(
             native, self.layers, self.attention, self.nq, self.nkv, spec.shape.head_dim,
-            spec.rms_norm_eps, len(ropes) == 1 and ropes.pop().rotary_dim == spec.shape.head_dim
-            and shard is None)
+            spec.rms_norm_eps, len(ropes) == 1 and full_rotary and shard is None)
 
     @property
     def device(self) -> torch.device:
@@ -135,6 +137,13 @@ class PagedDecoder:
             q, k, v = torch.split(qkv, [nq * d, nkv * d, nkv * d], dim=-1)
             q = apply_rotary(layer.q_norm(q.view(num_tokens, nq, d)), cos, sin)
             k = apply_rotary(layer.k_norm(k.view(num_tokens, nkv, d)), cos, sin)
+        elif self.native_rotary is not None and Kernels.takes_rows(qkv, d):
+            # q and k rotated in place, one call (the same roundings as apply_rotary)
+            self.native_rotary.rotary_(qkv, nq + nkv, d, cos.view(num_tokens, d),
+                                       sin.view(num_tokens, d))
+            q = qkv[:, :nq * d].view(num_tokens, nq, d)
+            k = qkv[:, nq * d:(nq + nkv) * d].view(num_tokens, nkv, d)
+            v = qkv[:, (nq + nkv) * d:]
         else:  # q and k rotated together: one set of ops instead of two
             qk = apply_rotary(qkv[:, :(nq + nkv) * d].view(num_tokens, nq + nkv, d), cos, sin)
             q, k = qk[:, :nq], qk[:, nq:]

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 from cleave.runtime.engine.dense.linear import Linear
 from cleave.runtime.engine.dense.moe import Activation, Fetch, load_experts
 from cleave.runtime.engine.families.spec import DecoderSpec
+from cleave.runtime.engine.native.kernels import Kernels, kernels
 from cleave.runtime.engine.parallel.shard import Shard
 
 
@@ -28,9 +30,14 @@ class DenseMLP:
         self.gate_up = Linear(gate_up)
         self.down = Linear(down)
         self.act = act
+        # SiLU-and-mul in one native call where the weights are bf16 on such a CPU
+        self.native = kernels() if act is F.silu and self.gate_up.native is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gate_up = self.gate_up(x)
+        if self.native is not None and Kernels.takes_rows(gate_up, gate_up.shape[-1] // 2):
+            return self.down(self.native.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down(self.act(gate) * up)
 
     def nbytes(self) -> int:

@@ -32,6 +32,45 @@ static inline uint16_t float_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+static inline __m512 round_bf16(__m512 x) { /* fp32 -> nearest-even bf16 -> fp32 */
+  __m512i u = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x);
+}
+
+static inline void store_bf16x16(uint16_t *p, __m512 x) { /* x already bf16-valued */
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+      _mm512_castps_si512(x), 16)));
+}
+
+static inline __m512 load_bf16x16(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* The sums of 16 vectors, lane n holding a[n]'s: a transpose tree (48 shuffles and adds)
+ * instead of 16 lane reductions (about 160). */
+static inline __m512 sum16(const __m512 a[16]) {
+  __m512 s[8], u[4];
+  for (int p = 0; p < 8; p++) {
+    __m512 x = a[(p >> 1) * 4 + (p & 1) * 2], y = a[(p >> 1) * 4 + (p & 1) * 2 + 1];
+    s[p] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  }
+  for (int p = 0; p < 4; p++) {
+    __m512d x = _mm512_castps_pd(s[2 * p]), y = _mm512_castps_pd(s[2 * p + 1]);
+    u[p] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                            _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+  __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                            _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
+}
+
 /* One tile of ``rows`` (<= TILE) rows of w against ``mb`` rows of x (a compile-time constant
  * at each call site, so the accumulators stay in registers). K is a multiple of 32. */
 static inline __attribute__((always_inline)) void tile(
@@ -51,10 +90,15 @@ static inline __attribute__((always_inline)) void tile(
       for (int j = 0; j < mb; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
     }
   }
+  float sums[TILE][4];
+  if (mb == 4) /* lane 4 i + j of sum16 holds acc[i][j]'s sum */
+    _mm512_storeu_ps(&sums[0][0], sum16((const __m512 *)acc));
+  else
+    for (int i = 0; i < TILE; i++)
+      for (int j = 0; j < mb; j++) sums[i][j] = _mm512_reduce_add_ps(acc[i][j]);
   for (int i = 0; i < rows; i++) {
     float b = bias ? bf16_to_float(bias[n0 + i]) : 0.0f;
-    for (int j = 0; j < mb; j++)
-      y[j * ldy + n0 + i] = float_to_bf16(_mm512_reduce_add_ps(acc[i][j]) + b);
+    for (int j = 0; j < mb; j++) y[j * ldy + n0 + i] = float_to_bf16(sums[i][j] + b);
   }
 }
 
@@ -97,9 +141,87 @@ static inline __m512 exp_nonpositive_or_small(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-static inline __m512 load_bf16x16(const uint16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+
+/* Walks a sequence's rows through its block table in order, without a division per row
+ * (a 64-bit division by the runtime block size cost more than the row's arithmetic). */
+typedef struct {
+  const uint16_t *base;
+  const int64_t *table;
+  long bs, d, block, offset;
+} rows_t;
+
+static inline const uint16_t *next_row(rows_t *r) {
+  const uint16_t *row = r->base + (r->table[r->block] * r->bs + r->offset) * r->d;
+  if (++r->offset == r->bs) {
+    r->offset = 0;
+    r->block++;
+  }
+  return row;
+}
+
+/* sc[p] = scale * q.k_p for keys 0..len-1, 16 keys at a time */
+static void scores(const uint16_t *q, const uint16_t *kh, const int64_t *table, long bs, long d,
+                   long len, float scale, float *sc) {
+  rows_t rows = {kh, table, bs, d, 0, 0};
+  const uint16_t *key = kh;
+  for (long p0 = 0; p0 < len; p0 += 16) {
+    __m512 acc[16];
+    for (int j = 0; j < 16; j++) {
+      if (p0 + j < len) key = next_row(&rows); /* a short last chunk repeats its last key */
+      acc[j] = _mm512_setzero_ps();
+      for (long c = 0; c < d; c += 32)
+        acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(q + c),
+                                  (__m512bh)_mm512_loadu_si512(key + c));
+    }
+    __m512 r = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
+    long n = len - p0 < 16 ? len - p0 : 16;
+    _mm512_mask_storeu_ps(sc + p0, (__mmask16)((1u << n) - 1), r);
+  }
+}
+
+static inline __mmask16 first(long n) { return (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1); }
+
+/* sc[0..len) = softmax(sc[0..len)) */
+static void softmax_inplace(float *sc, long len) {
+  float mx = -INFINITY;
+  for (long p = 0; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
+  __m512 vmx = _mm512_set1_ps(mx), vsum = _mm512_setzero_ps();
+  for (long p = 0; p < len; p += 16) {
+    __mmask16 m = first(len - p);
+    __m512 e = exp_nonpositive_or_small(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + p), vmx));
+    _mm512_mask_storeu_ps(sc + p, m, e);
+    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+  }
+  __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+  for (long p = 0; p < len; p += 16) {
+    __mmask16 m = first(len - p);
+    _mm512_mask_storeu_ps(sc + p, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + p), inv));
+  }
+}
+
+/* o_g = bf16(sum_p prob_g[p] * v_p) for heads < nh (<= 16 / dv) sharing one kv head, each
+ * value row converted once for them all; dv = d / 16 is a constant at each call site, so the
+ * accumulators stay in registers. prob_g = prob + g * len; o_g = o + g * d. */
+static inline __attribute__((always_inline)) void weighted_values(
+    const float *prob, long nh, const uint16_t *vh, const int64_t *table, long bs, long len,
+    const int dv, uint16_t *o) {
+  enum { MAXH = 4 };
+  __m512 acc[MAXH][16];
+  for (int g = 0; g < MAXH; g++)
+    for (int c = 0; c < dv; c++) acc[g][c] = _mm512_setzero_ps();
+  rows_t rows = {vh, table, bs, dv * 16, 0, 0};
+  for (long p = 0; p < len; p++) {
+    const uint16_t *val = next_row(&rows);
+    __m512 v[16];
+    for (int c = 0; c < dv; c++) v[c] = load_bf16x16(val + 16 * c);
+    for (int g = 0; g < MAXH; g++) {
+      if (g >= nh) break;
+      __m512 w = _mm512_set1_ps(prob[g * len + p]);
+      for (int c = 0; c < dv; c++) acc[g][c] = _mm512_fmadd_ps(w, v[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < MAXH && g < nh; g++)
+    for (int c = 0; c < dv; c++) store_bf16x16(o + g * dv * 16 + 16 * c, round_bf16(acc[g][c]));
 }
 
 /* decode_attention_bf16: one query token per sequence over its KV in the paged pool, read in
@@ -110,64 +232,31 @@ static inline __m512 load_bf16x16(const uint16_t *p) {
  *
  * q: [seqs] rows of q_stride elements, each nq heads of d; pools: [nkv, blocks, bs, d];
  * tables: [seqs, table_width] block ids; lengths: [seqs] keys to attend (0..length-1);
- * out: [seqs, nq, d]. d % 32 == 0, d <= 256, nq % nkv == 0. scratch: nq/nkv * max(length)
- * floats. */
+ * out: [seqs, nq, d]. d % 32 == 0, d <= 256, nq % nkv == 0. scratch: nq / nkv *
+ * max(length) floats. */
 void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_pool,
                            const uint16_t *v_pool, long blocks, long bs, const int64_t *tables,
                            long table_width, const int64_t *lengths, long seqs, long nq,
                            long nkv, long d, float scale, float *scratch, uint16_t *out) {
-  long group = nq / nkv, dv = d / 16;
+  long group = nq / nkv;
   for (long s = 0; s < seqs; s++) {
     long len = lengths[s];
     const int64_t *table = tables + s * table_width;
     for (long h = 0; h < nkv; h++) {
       const uint16_t *kh = k_pool + h * blocks * bs * d, *vh = v_pool + h * blocks * bs * d;
       for (long g = 0; g < group; g++) {
-        const uint16_t *qg = q + s * q_stride + (h * group + g) * d;
-        float *sc = scratch + g * len;
-        for (long p = 0; p < len; p++) {
-          const uint16_t *key = kh + (table[p / bs] * bs + p % bs) * d;
-          __m512 acc = _mm512_setzero_ps();
-          for (long c = 0; c < d; c += 32)
-            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + c),
-                                   (__m512bh)_mm512_loadu_si512(key + c));
-          sc[p] = _mm512_reduce_add_ps(acc) * scale;
-        }
-        float mx = -INFINITY;
-        for (long p = 0; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
-        __m512 vmx = _mm512_set1_ps(mx), vsum = _mm512_setzero_ps();
-        long p = 0;
-        for (; p + 16 <= len; p += 16) {
-          __m512 e = exp_nonpositive_or_small(_mm512_sub_ps(_mm512_loadu_ps(sc + p), vmx));
-          _mm512_storeu_ps(sc + p, e);
-          vsum = _mm512_add_ps(vsum, e);
-        }
-        if (p < len) {
-          __mmask16 m = (__mmask16)((1u << (len - p)) - 1);
-          __m512 e = exp_nonpositive_or_small(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + p), vmx));
-          _mm512_mask_storeu_ps(sc + p, m, e);
-          vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
-        }
-        float inv = 1.0f / _mm512_reduce_add_ps(vsum);
-        for (long p2 = 0; p2 < len; p2++) sc[p2] *= inv;
+        scores(q + s * q_stride + (h * group + g) * d, kh, table, bs, d, len, scale,
+               scratch + g * len);
+        softmax_inplace(scratch + g * len, len);
       }
-      __m512 acc[8 * 16]; /* [group <= 8][d/16 <= 16] */
-      for (long i = 0; i < group * dv; i++) acc[i] = _mm512_setzero_ps();
-      for (long p = 0; p < len; p++) {
-        const uint16_t *val = vh + (table[p / bs] * bs + p % bs) * d;
-        for (long c = 0; c < dv; c++) {
-          __m512 vv = load_bf16x16(val + 16 * c);
-          for (long g = 0; g < group; g++)
-            acc[g * dv + c] = _mm512_fmadd_ps(_mm512_set1_ps(scratch[g * len + p]), vv,
-                                              acc[g * dv + c]);
-        }
-      }
-      for (long g = 0; g < group; g++) {
+      long per = d == 64 ? 4 : d == 128 ? 2 : 1; /* heads per pass: 16 accumulators */
+      for (long g = 0; g < group; g += per) {
+        long nh = group - g < per ? group - g : per;
         uint16_t *o = out + (s * nq + h * group + g) * d;
-        for (long c = 0; c < dv; c++) {
-          float tmp[16];
-          _mm512_storeu_ps(tmp, acc[g * dv + c]);
-          for (int i = 0; i < 16; i++) o[16 * c + i] = float_to_bf16(tmp[i]);
+        switch (d) { /* constant widths keep the accumulators in registers */
+          case 64: weighted_values(scratch + g * len, nh, vh, table, bs, len, 4, o); break;
+          case 128: weighted_values(scratch + g * len, nh, vh, table, bs, len, 8, o); break;
+          default: weighted_values(scratch + g * len, 1, vh, table, bs, len, (int)(d / 16), o);
         }
       }
     }
@@ -181,19 +270,7 @@ void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_p
  * whole decode forward in one call, with the same roundings as the torch path: every op's
  * result is rounded to bf16 where torch's bf16 op would round it. */
 
-static inline __m512 round_bf16(__m512 x) { /* fp32 -> nearest-even bf16 -> fp32 */
-  __m512i u = _mm512_castps_si512(x);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
-  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x);
-}
 
-static inline void store_bf16x16(uint16_t *p, __m512 x) { /* x already bf16-valued */
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(
-      _mm512_castps_si512(x), 16)));
-}
 
 static inline __m512 exp_any(__m512 x) { /* e^x, |x| <= 88 after clamping */
   x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
@@ -207,7 +284,7 @@ typedef struct {
 } layer_t;
 
 /* y = weight * bf16(x * rsqrt(mean(x^2) + eps)), per row of n (n % 16 == 0) */
-static void rms_norm(const uint16_t *x, const uint16_t *w, uint16_t *y, long rows, long n,
+void rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, long rows, long n,
                      float eps) {
   for (long r = 0; r < rows; r++, x += n, y += n) {
     __m512 ss = _mm512_setzero_ps();
@@ -243,8 +320,14 @@ static void rotate(uint16_t *x, const uint16_t *cos, const uint16_t *sin, long h
   }
 }
 
+/* x [rows] of row_stride elements, each heads of d: rotated in place, row r by cos/sin [r] */
+void rotary_bf16(uint16_t *x, long rows, long row_stride, long heads, long d,
+                 const uint16_t *cos, const uint16_t *sin) {
+  for (long r = 0; r < rows; r++) rotate(x + r * row_stride, cos + r * d, sin + r * d, heads, d);
+}
+
 /* a = bf16(bf16(silu(gate)) * up) for gate_up rows [gate | up] of 2 * inter */
-static void silu_mul(const uint16_t *gu, uint16_t *a, long rows, long inter) {
+void silu_mul_bf16(const uint16_t *gu, uint16_t *a, long rows, long inter) {
   for (long r = 0; r < rows; r++, gu += 2 * inter, a += inter)
     for (long c = 0; c < inter; c += 16) {
       __m512 g = load_bf16x16(gu + c);
@@ -265,7 +348,7 @@ void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t 
   long width = (nq + 2 * nkv) * d;
   uint16_t *xn = bbuf, *qkv = xn + rows * H, *attn = qkv + rows * width,
            *gu = attn + rows * nq * d, *act = gu + rows * 2 * I, *out = xn;
-  rms_norm(h, L->in_norm, xn, rows, H, L->eps);
+  rms_norm_bf16(h, L->in_norm, xn, rows, H, L->eps);
   linear_bf16(xn, H, L->qkv, L->qkv_bias, qkv, width, rows, width, H);
   for (long r = 0; r < rows; r++) {
     uint16_t *row = qkv + r * width;
@@ -280,9 +363,9 @@ void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t 
                         rows, nq, nkv, d, L->scale, fbuf, attn);
   linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d);
   add_into(h, out, rows * H);
-  rms_norm(h, L->post_norm, xn, rows, H, L->eps);
+  rms_norm_bf16(h, L->post_norm, xn, rows, H, L->eps);
   linear_bf16(xn, H, L->gate_up, NULL, gu, 2 * I, rows, 2 * I, H);
-  silu_mul(gu, act, rows, I);
+  silu_mul_bf16(gu, act, rows, I);
   linear_bf16(act, I, L->down, NULL, out, H, rows, H, I);
   add_into(h, out, rows * H);
 }

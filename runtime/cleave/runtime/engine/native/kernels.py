@@ -39,6 +39,15 @@ class Kernels:
         self._layer.argtypes = [ctypes.POINTER(LayerArgs), _P, _L, _P, _P, _P, _P, _L, _L, _P,
                                 _P, _L, _P, _P, _P]
         self._layer.restype = None
+        self._rms_norm = lib.rms_norm_bf16
+        self._rms_norm.argtypes = [_P, _P, _P, _L, _L, ctypes.c_float]
+        self._rms_norm.restype = None
+        self._rotary = lib.rotary_bf16
+        self._rotary.argtypes = [_P, _L, _L, _L, _L, _P, _P]
+        self._rotary.restype = None
+        self._silu_mul = lib.silu_mul_bf16
+        self._silu_mul.argtypes = [_P, _P, _L, _L]
+        self._silu_mul.restype = None
 
     @staticmethod
     def takes_linear(weight: torch.Tensor) -> bool:
@@ -92,6 +101,35 @@ class Kernels:
                         seqs, nq, nkv, d, scale, scratch.data_ptr(), out.data_ptr())
         return out
 
+
+    @staticmethod
+    def takes_rows(x: torch.Tensor, width: int) -> bool:
+        """Whether the row kernels (norm, rotary, SiLU-and-mul) take ``x``: bf16 on the CPU,
+        2-D and contiguous, a width of whole 16-lane vectors."""
+        return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2
+                and x.is_contiguous() and width % 16 == 0)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``weight * bf16(x * rsqrt(mean(x^2) + eps))`` per row of ``x [rows, n]``
+        (Llama's rounding, norms.py)."""
+        rows, n = x.shape
+        y = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), rows, n, eps)
+        return y
+
+    def rotary_(self, x: torch.Tensor, heads: int, d: int, cos: torch.Tensor,
+                sin: torch.Tensor) -> None:
+        """Rotates the first ``heads`` heads of each row of ``x [rows, >= heads * d]`` in
+        place by ``cos``/``sin [rows, d]`` (sin sign-folded, rotary.py)."""
+        self._rotary(x.data_ptr(), x.shape[0], x.stride(0), heads, d,
+                     cos.contiguous().data_ptr(), sin.contiguous().data_ptr())
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` for ``gate_up [rows, 2 * inter]`` (contiguous)."""
+        rows, width = gate_up.shape
+        out = torch.empty(rows, width // 2, dtype=torch.bfloat16)
+        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+        return out
 
     def decode_layer(self, args: LayerArgs, h: torch.Tensor, rows: int, cos: torch.Tensor,
                      sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
