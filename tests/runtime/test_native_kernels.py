@@ -122,3 +122,90 @@ def test_linear_runs_native_for_decode_rows_and_onednn_for_prefill(
 def test_weights_the_native_kernel_does_not_take(weight: torch.Tensor) -> None:
     assert not Kernels.takes_linear(weight)
     assert linear_module.native_for(weight) is None
+
+
+def _pool(nkv: int, blocks: int, bs: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.randn(nkv, blocks, bs, d, dtype=torch.bfloat16),
+            torch.randn(nkv, blocks, bs, d, dtype=torch.bfloat16))
+
+
+def _exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """fp32 reference: ``q [rows, nq, d]`` over ``k``/``v [nkv, keys, d]``, ``visible [rows,
+    keys]``."""
+    rows, nq, d = q.shape
+    nkv = k.shape[0]
+    qg = q.float().view(rows, nkv, nq // nkv, d).permute(1, 2, 0, 3)  # [nkv, g, rows, d]
+    scores = qg @ k.float().unsqueeze(1).transpose(-1, -2) * scale
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    return (probs @ v.float().unsqueeze(1)).permute(2, 0, 1, 3).reshape(rows, nq, d)
+
+
+def _keys(pool: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
+    nkv, _, bs, d = pool.shape
+    return pool[:, table].reshape(nkv, -1, d)[:, :count]
+
+
+@needs_native
+@pytest.mark.parametrize("d", [64, 128, 96])
+def test_decode_attention_reads_the_pool_through_block_tables(d: int) -> None:
+    assert NATIVE is not None
+    torch.manual_seed(d)
+    nq, nkv, bs, blocks = 6, 2, 16, 40
+    k_pool, v_pool = _pool(nkv, blocks, bs, d)
+    lengths = torch.tensor([1, 17, 40, 64])  # one key; a block and one; ragged; whole blocks
+    tables = torch.stack([torch.randperm(blocks)[:4] for _ in lengths])  # scattered blocks
+    q = torch.randn(len(lengths), nq, d, dtype=torch.bfloat16)
+    got = NATIVE.decode_attention(q, k_pool, v_pool, tables, lengths, d ** -0.5)
+    for s, length in enumerate(lengths.tolist()):
+        k, v = _keys(k_pool, tables[s], length), _keys(v_pool, tables[s], length)
+        exact = _exact_attention(q[s:s + 1], k, v, torch.ones(1, length, dtype=torch.bool),
+                                 d ** -0.5)
+        # fp32 scores and sums, one bf16 rounding of the output
+        assert torch.allclose(got[s:s + 1].float(), exact, rtol=2 ** -7, atol=2e-3)
+
+
+@needs_native
+@pytest.mark.parametrize("length", [1, 5, 37])
+def test_prefill_attention_is_causal_over_the_chunk(length: int) -> None:
+    assert NATIVE is not None
+    torch.manual_seed(length)
+    nq, nkv, d, bs, blocks = 9, 3, 64, 16, 12
+    k_pool, v_pool = _pool(nkv, blocks, bs, d)
+    table = torch.randperm(blocks)[: -(-length // bs)]
+    q = torch.randn(length, nq, d, dtype=torch.bfloat16)
+    got = NATIVE.prefill_attention(q, k_pool, v_pool, table, 0, 0.125)
+    visible = torch.arange(length)[None, :] <= torch.arange(length)[:, None]
+    exact = _exact_attention(q, _keys(k_pool, table, length), _keys(v_pool, table, length),
+                             visible, 0.125)
+    assert torch.allclose(got.float(), exact, rtol=2 ** -7, atol=2e-3)
+    with pytest.raises(ValueError, match="cannot hold"):
+        NATIVE.prefill_attention(q, k_pool, v_pool, table[:0], 0, 0.125)
+
+
+@needs_native
+def test_row_kernels_round_as_the_torch_ops_they_replace() -> None:
+    """RMSNorm, rotary and SiLU-and-mul: the same bf16 roundings as the torch ops (norms.py,
+    rotary.py, mlp.py), so outputs agree but for the fp32 sum order of the norm."""
+    assert NATIVE is not None
+    torch.manual_seed(0)
+    x = torch.randn(7, 96, dtype=torch.bfloat16) * 3
+    weight = torch.randn(96, dtype=torch.bfloat16)
+    torch_norm = weight * torch.rms_norm(x.float(), (96,), eps=1e-5).to(torch.bfloat16)
+    norm = NATIVE.rms_norm(x, weight, 1e-5)
+    assert (norm == torch_norm).float().mean() >= 0.98
+    assert torch.allclose(norm.float(), torch_norm.float(), rtol=2 ** -7, atol=1e-2)
+
+    gate_up = torch.randn(5, 2 * 48, dtype=torch.bfloat16) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.equal(NATIVE.silu_mul(gate_up), F.silu(gate) * up)
+
+    heads, d = 3, 64
+    qkv = torch.randn(4, (heads + 1) * d, dtype=torch.bfloat16)  # a trailing head stays
+    cos, sin = torch.randn(4, d, dtype=torch.bfloat16), torch.randn(4, d, dtype=torch.bfloat16)
+    x3 = qkv[:, :heads * d].view(4, heads, d)
+    want = x3 * cos[:, None] + torch.roll(x3, d // 2, -1) * sin[:, None]
+    tail = qkv[:, heads * d:].clone()
+    NATIVE.rotary_(qkv, heads, d, cos, sin)
+    assert torch.equal(qkv[:, :heads * d].view(4, heads, d), want)
+    assert torch.equal(qkv[:, heads * d:], tail)

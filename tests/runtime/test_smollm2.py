@@ -42,3 +42,26 @@ def test_default_model_by_name_or_by_path_is_one_identity() -> None:
     assert by_name.weights_digest == by_path.weights_digest
     assert len(by_name.weights_digest) == 64  # hex sha256 of the file, as RECORD states
     assert by_name.directory == by_path.directory  # converted once, shared
+
+
+def test_bf16_native_decode_layers_keep_the_torch_paths_tokens() -> None:
+    """bf16 on a CPU with the native kernels: a decode step runs each layer in one native call
+    (dense/native_decode.py). It keeps the torch path's roundings op for op, so the same
+    prompts give the same greedy tokens with it and without it, decoded in a batch."""
+    engine = LLMEngine(EngineConfig(dtype="bfloat16", kv_cache_bytes=1 << 28),
+                       progress=lambda _: None)
+    model = engine.model
+    native = getattr(model, "native_decode", None)
+    if native is None:
+        pytest.skip("native kernels unavailable here (no AVX512-BF16 or no C compiler)")
+    prompts = [
+        engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]),
+        engine.tokenize("The three primary colors are"),
+        engine.tokenize("def fibonacci(n):\n    " * 6),
+    ]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    with_native = [r.token_ids for r in engine.generate(prompts, params)]
+    model.native_decode = None  # type: ignore[attr-defined]
+    engine.block_manager.reset_prefix_cache()  # recompute the prompts too
+    without = [r.token_ids for r in engine.generate(prompts, params)]
+    assert with_native == without

@@ -77,9 +77,9 @@ class ModelRunner:
             ids += c.seq.token_ids[c.start:end]
             positions += range(c.start, end)
             slots += self._slots(c.seq, c.start, end)
-            table = causal = None
+            causal = None
+            table = self._tensor(c.seq.block_table[: -(-end // bs)])
             if c.start:
-                table = self._tensor(c.seq.block_table[: -(-end // bs)])
                 q_pos = torch.arange(c.start, end, device=self.device)
                 causal = torch.arange(end, device=self.device)[None, :] <= q_pos[:, None]
             prefill_specs.append((first, c.num_tokens, c.start, table, causal))

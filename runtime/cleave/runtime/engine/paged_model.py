@@ -40,7 +40,7 @@ class AttentionBatch:
     slot_mapping: torch.Tensor  # [T] flat index into the pool's (block, offset) slots
     decode_groups: list[DecodeGroup]
     # One entry per prefill chunk: (first token in batch, length, context before the chunk,
-    # block table [n_blocks] when the chunk attends over earlier context, causal mask).
+    # its block table [n_blocks] through the chunk's end, causal mask when there is context).
     prefills: list[tuple[int, int, int, torch.Tensor | None, torch.Tensor | None]]
     logits_indices: torch.Tensor  # [S] batch positions whose logits are sampled
     # Per (prefill index, window) masks of windowed or soft-capped layers, built once a step.

@@ -39,6 +39,10 @@ class Kernels:
         self._layer.argtypes = [ctypes.POINTER(LayerArgs), _P, _L, _P, _P, _P, _P, _L, _L, _P,
                                 _P, _L, _P, _P, _P]
         self._layer.restype = None
+        self._prefill = lib.prefill_attention_bf16
+        self._prefill.argtypes = [_P, _L, _P, _P, _L, _L, _P, _L, _L, _L, _L, _L,
+                                  ctypes.c_float, _P, _P]
+        self._prefill.restype = None
         self._rms_norm = lib.rms_norm_bf16
         self._rms_norm.argtypes = [_P, _P, _P, _L, _L, ctypes.c_float]
         self._rms_norm.restype = None
@@ -101,6 +105,26 @@ class Kernels:
                         seqs, nq, nkv, d, scale, scratch.data_ptr(), out.data_ptr())
         return out
 
+
+    def prefill_attention(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                          table: torch.Tensor, context: int, scale: float) -> torch.Tensor:
+        """Causal attention of a chunk's queries ``q [len, nq, d]`` at positions
+        ``context..`` over its keys in the pool (its own already written), through its block
+        ``table`` (int64); returns ``[len, nq, d]``."""
+        length, nq, d = q.shape
+        nkv, blocks, bs, _ = k_pool.shape
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
+        table = table.contiguous()
+        if table.dtype != torch.int64 or table.numel() * bs < context + length:
+            raise ValueError(f"prefill_attention: block table {table.dtype} "
+                             f"[{table.numel()}] cannot hold {context + length} keys")
+        scratch = torch.empty(4 * (context + length), dtype=torch.float32)
+        out = torch.empty(length, nq, d, dtype=torch.bfloat16)
+        self._prefill(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(), blocks,
+                      bs, table.data_ptr(), context, length, nq, nkv, d, scale,
+                      scratch.data_ptr(), out.data_ptr())
+        return out
 
     @staticmethod
     def takes_rows(x: torch.Tensor, width: int) -> bool:
