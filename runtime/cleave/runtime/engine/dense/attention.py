@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from cleave.runtime.engine.native.kernels import Kernels
 from cleave.runtime.engine.paged_model import AttentionBatch, DecodeGroup
 
-
 # The native prefill kernel beats the tiled bmm path on fresh chunks up to this long (0.09 vs
 # 0.27 ms a layer at 64 tokens, 1.2 vs 1.7 at 256); beyond, or over earlier context, oneDNN's
 # bmm's win (14 vs 11 ms at 512 over 512).
