@@ -142,7 +142,7 @@ def _exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
 
 
 def _keys(pool: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
-    nkv, _, bs, d = pool.shape
+    nkv, _, _, d = pool.shape
     return pool[:, table].reshape(nkv, -1, d)[:, :count]
 
 
