@@ -4,9 +4,13 @@ One process, one torch thread, the same requests, the same weights and dtype for
 the runs are interleaved (this box drifts 20-50 % over an hour), and medians are reported.
 Also measured against same-run hardware baselines: prefill MFU (a 1024-token prefill's useful
 FLOP/s over a large bf16 matmul's FLOP/s) and batch-1 decode bandwidth use (weight + KV bytes
-read per step over a large tensor read's bandwidth). ``families_identical`` counts the model
-families (tests/family_models.py) whose tiny random model the engine runs token for token like
-transformers, fp32 (the check tests/runtime/test_families.py asserts).
+read per step over a large tensor read's bandwidth; ``decode_b1_roofline`` counts the weights
+only: batch-1 decode tok/s over the weights' bytes / the same run's read bandwidth).
+``native_kernels`` says whether the native CPU kernels ran (engine/native: bf16 on an
+AVX512-BF16 CPU with a C compiler; ``CLEAVE_NATIVE_KERNELS=0`` turns them off for A/B runs).
+``families_identical`` counts the model families (tests/family_models.py) whose tiny random
+model the engine runs token for token like transformers, fp32 (the check
+tests/runtime/test_families.py asserts).
 
 vLLM (``vllm_tok_s``, ``speedup_vs_vllm``, ``vllm_decode_step_b1_ms``) runs when its venv exists
 (``make vllm-env``: .venv-vllm/), never in this process: bench/vllm_engine.py under that venv's
@@ -54,6 +58,7 @@ from hf_baselines import run_hf_continuous_batching, run_hf_generate
 
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
+from cleave.runtime.engine.native.build import build
 from cleave.runtime.engine.sequence import SamplingParams
 
 Requests = list[tuple[list[int], int]]
@@ -217,6 +222,12 @@ def start_vllm(mode: str, quick: bool, model_dir: Path, dtype: torch.dtype,
     return process, "started"
 
 
+def native_status() -> str:
+    """"on", or why the native CPU kernels are off (runtime/cleave/runtime/engine/native)."""
+    built = build()
+    return "on" if built.path is not None else f"off: {built.reason}"
+
+
 def count_families() -> tuple[int, int]:
     """(families token-identical to transformers, families checked), on tiny fp32 models."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
@@ -236,6 +247,7 @@ def cleave_only(engine: LLMEngine, requests: Requests, rounds: int, seed: int) -
     _, prefill_s = prefill_mfu(engine, 1.0, random.Random(seed + 1))
     _, step_s = decode_bandwidth(engine, 1.0)
     print(json.dumps({"cleave_tok_s": round(statistics.median(tok_s), 1),
+                      "native_kernels": native_status(),
                       "rounds_tok_s": [round(t, 1) for t in tok_s],
                       "prefill_1024_ms": round(prefill_s * 1e3, 1),
                       "decode_step_b1_ms": round(step_s * 1e3, 2),
@@ -377,6 +389,7 @@ def main() -> int:
         "speedup_vs_cb": round(cleave / cb, 2),
         "prefill_mfu": round(mfu, 3),
         "decode_bw_util": round(bw_util, 3),
+        "decode_b1_roofline": round(engine.model.weight_bytes() / bandwidth / step_s, 3),
         "matmul_tflops": round(peak / 1e12, 3),
         "read_gbps": round(bandwidth / 1e9, 1),
         "prefill_1024_ms": round(prefill_s * 1e3, 1),
@@ -390,6 +403,7 @@ def main() -> int:
         "families_identical": families_identical,
         "requests": n_requests, "rounds": rounds,
         "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
+        "native_kernels": native_status(),
     }))
     return 0
 

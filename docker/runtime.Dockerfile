@@ -9,7 +9,9 @@
 # NVIDIA driver and device plugin. The extra's own `torch==` pin is then already met.
 FROM python:3.11-slim-bookworm
 ARG TORCH=cpu
-RUN apt-get update && apt-get install -y --no-install-recommends redis-server \
+# gcc and libc6-dev: the engine's native CPU kernels are compiled from source on first use
+# (runtime/cleave/runtime/engine/native, into the pod's /cache); without them it runs torch's.
+RUN apt-get update && apt-get install -y --no-install-recommends redis-server gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --create-home cleave \
     && install -d -o cleave -g cleave /cache

@@ -147,11 +147,13 @@ def _keys(pool: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
 
 
 @needs_native
-@pytest.mark.parametrize("d", [64, 128, 96])
-def test_decode_attention_reads_the_pool_through_block_tables(d: int) -> None:
+@pytest.mark.parametrize(("d", "nq"), [(64, 6), (128, 6), (96, 6), (256, 4), (64, 12)])
+def test_decode_attention_reads_the_pool_through_block_tables(d: int, nq: int) -> None:
+    """Head widths with 4, 2 and 1 heads per pass over the values, and 6 query heads a kv
+    head (two passes)."""
     assert NATIVE is not None
     torch.manual_seed(d)
-    nq, nkv, bs, blocks = 6, 2, 16, 40
+    nkv, bs, blocks = 2, 16, 40
     k_pool, v_pool = _pool(nkv, blocks, bs, d)
     lengths = torch.tensor([1, 17, 40, 64])  # one key; a block and one; ragged; whole blocks
     tables = torch.stack([torch.randperm(blocks)[:4] for _ in lengths])  # scattered blocks
@@ -166,11 +168,11 @@ def test_decode_attention_reads_the_pool_through_block_tables(d: int) -> None:
 
 
 @needs_native
-@pytest.mark.parametrize("length", [1, 5, 37])
-def test_prefill_attention_is_causal_over_the_chunk(length: int) -> None:
+@pytest.mark.parametrize(("length", "d"), [(1, 64), (5, 64), (37, 64), (37, 128), (19, 96)])
+def test_prefill_attention_is_causal_over_the_chunk(length: int, d: int) -> None:
     assert NATIVE is not None
     torch.manual_seed(length)
-    nq, nkv, d, bs, blocks = 9, 3, 64, 16, 12
+    nq, nkv, bs, blocks = 9, 3, 16, 12
     k_pool, v_pool = _pool(nkv, blocks, bs, d)
     table = torch.randperm(blocks)[: -(-length // bs)]
     q = torch.randn(length, nq, d, dtype=torch.bfloat16)
@@ -178,6 +180,7 @@ def test_prefill_attention_is_causal_over_the_chunk(length: int) -> None:
     visible = torch.arange(length)[None, :] <= torch.arange(length)[:, None]
     exact = _exact_attention(q, _keys(k_pool, table, length), _keys(v_pool, table, length),
                              visible, 0.125)
+    assert got.shape == (length, nq, d)
     assert torch.allclose(got.float(), exact, rtol=2 ** -7, atol=2e-3)
     with pytest.raises(ValueError, match="cannot hold"):
         NATIVE.prefill_attention(q, k_pool, v_pool, table[:0], 0, 0.125)
@@ -209,3 +212,30 @@ def test_row_kernels_round_as_the_torch_ops_they_replace() -> None:
     NATIVE.rotary_(qkv, heads, d, cos, sin)
     assert torch.equal(qkv[:, :heads * d].view(4, heads, d), want)
     assert torch.equal(qkv[:, heads * d:], tail)
+    # a head whose half is not whole vectors (16, 48), or wider than the kernel's buffer
+    for width in (16, 48, 288):
+        assert not Kernels.takes_head_dim(width)
+        with pytest.raises(ValueError, match="head_dim"):
+            NATIVE.rotary_(torch.zeros(2, width, dtype=torch.bfloat16), 1, width,
+                           torch.zeros(2, width, dtype=torch.bfloat16),
+                           torch.zeros(2, width, dtype=torch.bfloat16))
+
+
+def test_kernels_step_aside_for_more_torch_threads() -> None:
+    """They run one thread; with more, torch's multi-threaded kernels are chosen."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert kernels() is None
+        assert linear_module.native_for(torch.zeros(8, 64, dtype=torch.bfloat16)) is None
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_an_unloadable_library_is_a_reason_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build_module, "cpu_flags", lambda: CPU_FLAGS)
+    monkeypatch.setattr(build_module, "cache_dir", lambda: tmp_path / "file")
+    (tmp_path / "file").write_text("not a directory")
+    built = build()
+    assert built.path is None and "could not build" in built.reason

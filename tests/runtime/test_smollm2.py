@@ -44,10 +44,12 @@ def test_default_model_by_name_or_by_path_is_one_identity() -> None:
     assert by_name.directory == by_path.directory  # converted once, shared
 
 
-def test_bf16_native_decode_layers_keep_the_torch_paths_tokens() -> None:
+def test_bf16_native_decode_layers_give_the_op_by_op_paths_tokens() -> None:
     """bf16 on a CPU with the native kernels: a decode step runs each layer in one native call
-    (dense/native_decode.py). It keeps the torch path's roundings op for op, so the same
-    prompts give the same greedy tokens with it and without it, decoded in a batch."""
+    (dense/native_decode.py) instead of the same kernels called op by op from Python (the
+    path prefill steps and larger batches take). Both round alike, so the same prompts give
+    the same greedy tokens either way, decoded in a batch. (Each kernel against torch's ops:
+    test_native_kernels.py.)"""
     engine = LLMEngine(EngineConfig(dtype="bfloat16", kv_cache_bytes=1 << 28),
                        progress=lambda _: None)
     model = engine.model

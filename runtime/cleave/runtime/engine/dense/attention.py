@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from cleave.runtime.engine.native.kernels import Kernels
 from cleave.runtime.engine.paged_model import AttentionBatch, DecodeGroup
 
-# The native prefill kernel beats the tiled bmm path on fresh chunks up to this long (0.09 vs
-# 0.27 ms a layer at 64 tokens, 1.2 vs 1.7 at 256); beyond, or over earlier context, oneDNN's
-# bmm's win (14 vs 11 ms at 512 over 512).
-NATIVE_PREFILL_MAX = 256
+# The native prefill kernel beats the tiled bmm path on fresh chunks up to this long (per layer
+# of the default model: 1.2 vs 2.0 ms at 256 tokens, 4.0 vs 4.4 at 512); over earlier context
+# they tie (2.9 ms at 256 over 256) or oneDNN's bmm's win (10.2 vs 11.4 ms at 512 over 512).
+NATIVE_PREFILL_MAX = 512
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ class PagedDecoder:
         ropes = {layer.rope for layer in spec.layers}
         full_rotary = all(rope.rotary_dim == spec.shape.head_dim for rope in ropes)
         self.native_rotary = (kernels() if full_rotary and self.layers[0].qkv.native is not None
-                              else None)
+                              and Kernels.takes_head_dim(spec.shape.head_dim) else None)
         self.native_decode = native_decode.build(
             native, self.layers, self.attention, self.nq, self.nkv, spec.shape.head_dim,
             spec.rms_norm_eps, len(ropes) == 1 and full_rotary and shard is None)

@@ -20,6 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from cleave.runtime.models.loader import default_cache_dir
+
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
 CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
@@ -46,8 +48,9 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cleave" / "native"
+    """``<Cleave cache>/native``: CLEAVE_CACHE_DIR where set (pods: their writable /cache
+    volume, as the root filesystem is read-only), else ~/.cache/cleave."""
+    return default_cache_dir() / "native"
 
 
 def unavailable(flags: frozenset[str], compiler: str | None, switch: str | None) -> str | None:
@@ -67,15 +70,22 @@ def _compiler() -> str | None:
 
 
 def build(directory: Path | None = None) -> Built:
-    """The library's path, compiling it if this source/compiler/flags has not been built."""
+    """The library's path, compiling it if this source/compiler/flags has not been built; any
+    failure (no cache directory, a compiler error or hang) is a reason, never an exception."""
     compiler = _compiler()
     reason = unavailable(cpu_flags(), compiler, os.environ.get(ENV_SWITCH))
     if reason is not None or compiler is None:
         return Built(None, reason or "no compiler")
+    try:
+        return _compile(compiler, directory or cache_dir())
+    except (OSError, subprocess.SubprocessError) as e:
+        return Built(None, f"could not build the kernels: {e}")
+
+
+def _compile(compiler: str, directory: Path) -> Built:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=False).stdout
+                             check=False, timeout=60).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *FLAGS]).encode())
-    directory = directory or cache_dir()
     target = directory / f"kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return Built(target, "cached")
@@ -83,7 +93,7 @@ def build(directory: Path | None = None) -> Built:
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         out = Path(tmp) / target.name
         done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(out)],
-                              capture_output=True, text=True, check=False)
+                              capture_output=True, text=True, check=False, timeout=300)
         if done.returncode != 0:
             return Built(None, f"{compiler} failed: {done.stderr.strip()[-500:]}")
         os.replace(out, target)

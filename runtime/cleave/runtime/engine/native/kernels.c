@@ -126,7 +126,9 @@ void linear_bf16(const uint16_t *x, long ldx, const uint16_t *w, const uint16_t 
 /* e^x for 16 lanes, x <= 88: 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, p a degree-6
  * Taylor polynomial (relative error < 2e-7). */
 static inline __m512 exp_nonpositive_or_small(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f)); /* e^-87 is below fp32's normal range */
+  /* e^-87 is below fp32's normal range; NaN stays NaN (max/min return their second
+   * operand when either is NaN) */
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -183,9 +185,12 @@ static inline __mmask16 first(long n) { return (__mmask16)(n >= 16 ? 0xffffu : (
 
 /* sc[0..len) = softmax(sc[0..len)) */
 static void softmax_inplace(float *sc, long len) {
-  float mx = -INFINITY;
-  for (long p = 0; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
-  __m512 vmx = _mm512_set1_ps(mx), vsum = _mm512_setzero_ps();
+  __m512 vmx = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
+  for (long p = 0; p < len; p += 16) {
+    __mmask16 m = first(len - p);
+    vmx = _mm512_mask_max_ps(vmx, m, vmx, _mm512_maskz_loadu_ps(m, sc + p));
+  }
+  vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
   for (long p = 0; p < len; p += 16) {
     __mmask16 m = first(len - p);
     __m512 e = exp_nonpositive_or_small(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + p), vmx));
@@ -334,7 +339,7 @@ void prefill_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_
           long own = context + i0 + r + 1; /* causal: this query sees keys 0..own-1 */
           float *row = scratch + r * total;
           softmax_inplace(row, own);
-          for (long p = own; p < keys; p++) row[p] = 0.0f;
+          memset(row + own, 0, (size_t)(keys - own) * sizeof(float));
         }
         values(scratch, total, nr, vh, table, bs, keys, d, out + (i0 * nq + head) * d,
                nq * d);
@@ -353,7 +358,7 @@ void prefill_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_
 
 
 static inline __m512 exp_any(__m512 x) { /* e^x, |x| <= 88 after clamping */
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);
   return exp_nonpositive_or_small(x);
 }
 

@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from cleave.runtime.engine.native.build import build
+from cleave.runtime.engine.native.build import Built, build
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +71,25 @@ class Kernels:
             raise ValueError(f"linear: x {tuple(x.shape)} {x.dtype} stride {x.stride()} "
                              f"against weight {tuple(weight.shape)}")
         y = torch.empty(rows, out_features, dtype=torch.bfloat16)
+        bias = None if bias is None else bias.contiguous()  # held until the call returns
         self._linear(x.data_ptr(), x.stride(0), weight.data_ptr(),
-                     None if bias is None else bias.contiguous().data_ptr(),
+                     None if bias is None else bias.data_ptr(),
                      y.data_ptr(), out_features, rows, out_features, width)
         return y
 
 
     @staticmethod
+    def takes_head_dim(head_dim: int) -> bool:
+        """Head widths the attention and rotary kernels run: whole 32-element steps, halves
+        of whole 16-lane vectors, at most 256 (their per-head buffers)."""
+        return head_dim % 32 == 0 and head_dim <= 256
+
+    @staticmethod
     def takes_decode_attention(num_heads: int, num_kv_heads: int, head_dim: int,
                                dtype: torch.dtype, device: torch.device) -> bool:
-        """Whether :meth:`decode_attention` runs this shape (its accumulators fit)."""
-        return (device.type == "cpu" and dtype == torch.bfloat16 and head_dim % 32 == 0
-                and head_dim <= 256 and num_heads % num_kv_heads == 0
-                and num_heads // num_kv_heads <= 8)
+        """Whether the attention kernels run this model (bf16 pool on the CPU)."""
+        return (device.type == "cpu" and dtype == torch.bfloat16
+                and Kernels.takes_head_dim(head_dim) and num_heads % num_kv_heads == 0)
 
     def decode_attention(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                          tables: torch.Tensor, lengths: torch.Tensor,
@@ -145,8 +151,11 @@ class Kernels:
                 sin: torch.Tensor) -> None:
         """Rotates the first ``heads`` heads of each row of ``x [rows, >= heads * d]`` in
         place by ``cos``/``sin [rows, d]`` (sin sign-folded, rotary.py)."""
-        self._rotary(x.data_ptr(), x.shape[0], x.stride(0), heads, d,
-                     cos.contiguous().data_ptr(), sin.contiguous().data_ptr())
+        if not Kernels.takes_head_dim(d) or x.stride(1) != 1:
+            raise ValueError(f"rotary: head_dim {d}, x stride {x.stride()}")
+        cos, sin = cos.contiguous(), sin.contiguous()  # held until the call returns
+        self._rotary(x.data_ptr(), x.shape[0], x.stride(0), heads, d, cos.data_ptr(),
+                     sin.data_ptr())
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` for ``gate_up [rows, 2 * inter]`` (contiguous)."""
@@ -168,10 +177,21 @@ class Kernels:
 
 
 @functools.cache
-def kernels() -> Kernels | None:
-    """The native kernels, or None (logged once, with the reason) where they cannot run."""
+def _library() -> Kernels | None:
     built = build()
-    if built.path is None:
-        log.info("native kernels off: %s; stock torch kernels run instead", built.reason)
+    if built.path is not None:
+        try:
+            return Kernels(ctypes.CDLL(str(built.path)))
+        except OSError as e:  # e.g. a cache on a noexec mount
+            built = Built(None, f"could not load {built.path}: {e}")
+    log.info("native kernels off: %s; stock torch kernels run instead", built.reason)
+    return None
+
+
+def kernels() -> Kernels | None:
+    """The native kernels, or None (logged once, with the reason) where they cannot run. They
+    run one thread: with more torch threads (EngineConfig.num_threads) torch's own kernels,
+    which use them all, are chosen instead."""
+    if torch.get_num_threads() != 1:
         return None
-    return Kernels(ctypes.CDLL(str(built.path)))
+    return _library()
