@@ -75,14 +75,22 @@ static inline __m512 sum16(const __m512 a[16]) {
  * at each call site, so the accumulators stay in registers). K is a multiple of 32. */
 static inline __attribute__((always_inline)) void tile(
     const uint16_t *x, long ldx, const uint16_t *t, long K, const uint16_t *bias, long n0,
-    int rows, uint16_t *y, long ldy, const int mb, const char *prefetch, const char *end) {
+    int rows, uint16_t *y, long ldy, const int mb, const char *prefetch, const char *end,
+    int l1) {
   __m512 acc[TILE][4];
   for (int i = 0; i < TILE; i++)
     for (int j = 0; j < mb; j++) acc[i][j] = _mm512_setzero_ps();
   for (long k = 0; k < K; k += 32) {
-    if (prefetch) /* one tile's worth of lines over the tile's K/32 steps, in address order */
+    /* one tile's worth of lines over the tile's K/32 steps, in address order. Into L1 for a
+     * few input rows (1 row: a decode step 14-15 against 16-18 ms into L2); into L2 for more,
+     * where in L1 they evicted the input rows and the tile in use (16 rows: a forward's GEMVs
+     * 50 against 40 ms) */
+    if (prefetch)
       for (int i = 0; i < TILE; i++, prefetch += 64)
-        if (prefetch < end) _mm_prefetch(prefetch, _MM_HINT_T0);
+        if (prefetch < end) {
+          if (l1) _mm_prefetch(prefetch, _MM_HINT_T0);
+          else _mm_prefetch(prefetch, _MM_HINT_T1);
+        }
     __m512bh xv[4];
     for (int j = 0; j < mb; j++) xv[j] = (__m512bh)_mm512_loadu_si512(x + j * ldx + k);
     for (int i = 0; i < TILE; i++) {
@@ -112,12 +120,13 @@ void linear_bf16(const uint16_t *x, long ldx, const uint16_t *w, const uint16_t 
     int rows = N - n0 < TILE ? (int)(N - n0) : TILE;
     const char *prefetch = (const char *)(t + AHEAD * TILE * K);
     long m = 0;
+    int l1 = M < 8;
     for (; m + 4 <= M; m += 4, prefetch = 0)
-      tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 4, prefetch, end);
+      tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 4, prefetch, end, l1);
     switch (M - m) {
-      case 3: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 3, prefetch, end); break;
-      case 2: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 2, prefetch, end); break;
-      case 1: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 1, prefetch, end); break;
+      case 3: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 3, prefetch, end, l1); break;
+      case 2: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 2, prefetch, end, l1); break;
+      case 1: tile(x + m * ldx, ldx, t, K, bias, n0, rows, y + m * ldy, ldy, 1, prefetch, end, l1); break;
       default: break;
     }
   }
