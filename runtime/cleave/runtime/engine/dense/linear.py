@@ -1,7 +1,7 @@
 """A linear layer that picks, per call, the fastest kernel measured for its shape.
 
 - bf16 on a CPU with AVX512-BF16, up to ``NATIVE_MAX_ROWS`` rows (decode): the native kernel
-  (native/kernels.c), which streams the row-major weights at the core's read bandwidth where
+  (native/linear.c), which streams the row-major weights at the core's read bandwidth where
   oneDNN's bf16 inner product reached a third of it (bench/linear_micro.py). Its outputs match
   oneDNN's bit for bit but for the order of fp32 sums (over 99.9 % of elements identical).
 - More rows (prefill) on the same weights: ``F.linear`` (oneDNN), compute-bound there, where it

@@ -1,4 +1,4 @@
-"""A decode step's layers run by the native kernels, one call per layer (native/kernels.c
+"""A decode step's layers run by the native kernels, one call per layer (native/layer.c
 ``decode_layer_bf16``), for Llama-shaped layers: pre-norms only, full rotary, plain causal
 attention, a dense SiLU MLP, one rank, bf16 on an AVX512-BF16 CPU. Other steps (prefill
 chunks, more than ``NATIVE_MAX_ROWS`` decodes) and other layers take the torch path, whose

@@ -1,4 +1,5 @@
-"""Builds kernels.c into a shared library on first use, cached per source, compiler and flags.
+"""Builds the kernels (*.c, simd.h here) into one shared library on first use, cached per
+source, compiler and flags.
 
 A plain C library called through ctypes, not a torch C++ extension: it compiles in under a
 second with no torch headers, pybind11 or ninja, and a ctypes call costs a few microseconds,
@@ -22,7 +23,9 @@ from pathlib import Path
 
 from cleave.runtime.models.loader import default_cache_dir
 
-SOURCE = Path(__file__).with_name("kernels.c")
+HERE = Path(__file__).parent
+SOURCES = tuple(sorted(HERE.glob("*.c")))
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 FLAGS = ("-O3", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
 CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
 ENV_SWITCH = "CLEAVE_NATIVE_KERNELS"
@@ -85,14 +88,15 @@ def build(directory: Path | None = None) -> Built:
 def _compile(compiler: str, directory: Path) -> Built:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False, timeout=60).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *FLAGS]).encode())
+    texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, version, *FLAGS]).encode())
     target = directory / f"kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return Built(target, "cached")
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         out = Path(tmp) / target.name
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(out)],
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(out)],
                               capture_output=True, text=True, check=False, timeout=300)
         if done.returncode != 0:
             return Built(None, f"{compiler} failed: {done.stderr.strip()[-500:]}")

@@ -1,4 +1,5 @@
-"""ctypes bindings of the native kernels (kernels.c), loaded once per process."""
+"""ctypes bindings of the native kernels (linear.c, attention.c, layer.c), loaded once per
+process."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
 class LayerArgs(ctypes.Structure):
-    """kernels.c's ``layer_t``: a layer's sizes and the addresses of its bf16 weights."""
+    """layer.c's ``layer_t``: a layer's sizes and the addresses of its bf16 weights."""
 
     _fields_ = [("hidden", _L), ("nq", _L), ("nkv", _L), ("d", _L), ("inter", _L),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float),

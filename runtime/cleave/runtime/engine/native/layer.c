@@ -1,0 +1,105 @@
+/* One whole decoder layer for a decode step (Llama-shaped families), and its row kernels.
+ * A decode step of the default model issued about 1,700 torch calls for its small ops (norms,
+ * rotary, residual adds, SiLU-and-mul, KV writes): several microseconds of dispatch and a new
+ * tensor each, a fixed cost of milliseconds per step whatever the batch. This runs a layer's
+ * whole decode forward in one call, with the same roundings as the torch path: every op's
+ * result is rounded to bf16 where torch's bf16 op would round it. */
+#include "simd.h"
+
+static inline __m512 exp_any(__m512 x) { /* e^x, |x| <= 88 after clamping */
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);
+  return exp_nonpositive_or_small(x);
+}
+
+typedef struct {
+  long hidden, nq, nkv, d, inter;
+  float eps, scale;
+  const uint16_t *in_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
+} layer_t;
+
+/* y = weight * bf16(x * rsqrt(mean(x^2) + eps)), per row of n (n % 16 == 0) */
+void rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, long rows, long n,
+                     float eps) {
+  for (long r = 0; r < rows; r++, x += n, y += n) {
+    __m512 ss = _mm512_setzero_ps();
+    for (long c = 0; c < n; c += 16) {
+      __m512 v = load_bf16x16(x + c);
+      ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)n + eps));
+    for (long c = 0; c < n; c += 16) {
+      __m512 v = round_bf16(_mm512_mul_ps(load_bf16x16(x + c), inv));
+      store_bf16x16(y + c, round_bf16(_mm512_mul_ps(v, load_bf16x16(w + c))));
+    }
+  }
+}
+
+/* h = bf16(h + o), per element */
+static void add_into(uint16_t *h, const uint16_t *o, long count) {
+  for (long c = 0; c < count; c += 16)
+    store_bf16x16(h + c, round_bf16(_mm512_add_ps(load_bf16x16(h + c), load_bf16x16(o + c))));
+}
+
+/* x' = bf16(bf16(x * cos) + bf16(roll(x, d/2) * sin)), sin's first half negated (rotary.py) */
+static void rotate(uint16_t *x, const uint16_t *cos, const uint16_t *sin, long heads, long d) {
+  float tmp[256];
+  for (long hh = 0; hh < heads; hh++, x += d) {
+    for (long c = 0; c < d; c++) tmp[c] = bf16_to_float(x[c]);
+    for (long c = 0; c < d; c += 16) {
+      __m512 a = round_bf16(_mm512_mul_ps(_mm512_loadu_ps(tmp + c), load_bf16x16(cos + c)));
+      long src = (c + d / 2) % d; /* roll by d/2: out[c] = x[c - d/2] */
+      __m512 b = round_bf16(_mm512_mul_ps(_mm512_loadu_ps(tmp + src), load_bf16x16(sin + c)));
+      store_bf16x16(x + c, round_bf16(_mm512_add_ps(a, b)));
+    }
+  }
+}
+
+/* x [rows] of row_stride elements, each heads of d: rotated in place, row r by cos/sin [r] */
+void rotary_bf16(uint16_t *x, long rows, long row_stride, long heads, long d,
+                 const uint16_t *cos, const uint16_t *sin) {
+  for (long r = 0; r < rows; r++) rotate(x + r * row_stride, cos + r * d, sin + r * d, heads, d);
+}
+
+/* a = bf16(bf16(silu(gate)) * up) for gate_up rows [gate | up] of 2 * inter */
+void silu_mul_bf16(const uint16_t *gu, uint16_t *a, long rows, long inter) {
+  for (long r = 0; r < rows; r++, gu += 2 * inter, a += inter)
+    for (long c = 0; c < inter; c += 16) {
+      __m512 g = load_bf16x16(gu + c);
+      __m512 e = exp_any(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      __m512 s = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+      store_bf16x16(a + c, round_bf16(_mm512_mul_ps(s, load_bf16x16(gu + inter + c))));
+    }
+}
+
+/* h [rows, hidden] in place. cos/sin: [rows, d]. slots: [rows] pool slots for the new KV.
+ * fbuf: floats for the attention scratch; bbuf: bf16 scratch of
+ * rows * (hidden + (nq + 2 nkv) d + nq d + 2 inter + inter) elements. */
+void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t *cos,
+                       const uint16_t *sin, uint16_t *k_pool, uint16_t *v_pool, long blocks,
+                       long bs, const int64_t *slots, const int64_t *tables, long table_width,
+                       const int64_t *lengths, float *fbuf, uint16_t *bbuf) {
+  long H = L->hidden, d = L->d, nq = L->nq, nkv = L->nkv, I = L->inter;
+  long width = (nq + 2 * nkv) * d;
+  uint16_t *xn = bbuf, *qkv = xn + rows * H, *attn = qkv + rows * width,
+           *gu = attn + rows * nq * d, *act = gu + rows * 2 * I, *out = xn;
+  rms_norm_bf16(h, L->in_norm, xn, rows, H, L->eps);
+  linear_bf16(xn, H, L->qkv, L->qkv_bias, qkv, width, rows, width, H);
+  for (long r = 0; r < rows; r++) {
+    uint16_t *row = qkv + r * width;
+    rotate(row, cos + r * d, sin + r * d, nq + nkv, d); /* q and k heads are adjacent */
+    for (long hh = 0; hh < nkv; hh++) {
+      long at = (hh * blocks * bs + slots[r]) * d;
+      memcpy(k_pool + at, row + (nq + hh) * d, d * 2);
+      memcpy(v_pool + at, row + (nq + nkv + hh) * d, d * 2);
+    }
+  }
+  decode_attention_bf16(qkv, width, k_pool, v_pool, blocks, bs, tables, table_width, lengths,
+                        rows, nq, nkv, d, L->scale, fbuf, attn);
+  linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d);
+  add_into(h, out, rows * H);
+  rms_norm_bf16(h, L->post_norm, xn, rows, H, L->eps);
+  linear_bf16(xn, H, L->gate_up, NULL, gu, 2 * I, rows, 2 * I, H);
+  silu_mul_bf16(gu, act, rows, I);
+  linear_bf16(act, I, L->down, NULL, out, H, rows, H, I);
+  add_into(h, out, rows * H);
+}
