@@ -37,12 +37,9 @@ The last line is one JSON object with the figures and ratios.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,15 +52,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from hf_baselines import run_hf_continuous_batching, run_hf_generate
+from vllm_client import start_vllm
 
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
 from cleave.runtime.engine.native.build import build
+from cleave.runtime.engine.native.kernels import kernels
 from cleave.runtime.engine.sequence import SamplingParams
 
 Requests = list[tuple[list[int], int]]
 
-VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
 
 def log(message: str) -> None:
@@ -153,79 +151,13 @@ def decode_bandwidth(engine: LLMEngine, bandwidth: float) -> tuple[float, float]
     return (engine.model.weight_bytes() + kv_bytes) / step / bandwidth, step
 
 
-class VllmProcess:
-    """bench/vllm_engine.py in the vLLM venv: one JSON command a line in, one JSON reply out."""
-
-    def __init__(self, model_dir: Path, dtype: torch.dtype, core: int) -> None:
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2",
-                   VLLM_CPU_OMP_THREADS_BIND=str(core), OMP_NUM_THREADS="1")
-        # vLLM logs a lot: to a file, so a full pipe never stalls it.
-        self.log_path = Path(tempfile.gettempdir()) / f"cleave-bench-vllm-{os.getpid()}.log"
-        with self.log_path.open("w") as log_file:
-            self.proc = subprocess.Popen(
-                [str(VLLM_PYTHON), str(Path(__file__).parent / "vllm_engine.py"),
-                 "--model", str(model_dir), "--dtype", str(dtype).removeprefix("torch.")],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
-                text=True, env=env)
-        self.ready: dict[str, Any] | None = None
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"vLLM exited ({self.proc.wait()}; log {self.log_path}): {tail}")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def wait_ready(self) -> dict[str, Any]:
-        if self.ready is None:
-            self.ready = self._read()
-        return self.ready
-
-    def call(self, command: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(command) + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died: _read says how
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def start_vllm(mode: str, quick: bool, model_dir: Path, dtype: torch.dtype,
-               core: int | None) -> tuple[VllmProcess | None, str]:
-    """(the running helper or None, what the JSON's ``vllm`` says)."""
-    if mode == "off" or (quick and mode == "auto"):
-        return None, "skipped"
-    if not VLLM_PYTHON.exists():
-        log(f"vLLM: absent ({VLLM_PYTHON} not found; `make vllm-env` creates it): "
-            "no vLLM figures this run")
-        return None, "absent"
-    core = max(os.sched_getaffinity(0)) if core is None else core
-    log(f"vLLM: starting {VLLM_PYTHON.parent.parent.name}'s vLLM on {model_dir}; its model "
-        f"worker is one OpenMP thread bound to core {core}, its other processes "
-        "OMP_NUM_THREADS=1, unpinned")
-    process = VllmProcess(model_dir, dtype, core)
-    log(f"vLLM: its log is {process.log_path}")
-    return process, "started"
-
-
-def native_status() -> str:
-    """"on", or why the native CPU kernels are off (runtime/cleave/runtime/engine/native)."""
-    built = build()
-    return "on" if built.path is not None else f"off: {built.reason}"
+def native_status(engine: LLMEngine) -> str:
+    """Whether this run's engine used the native CPU kernels (engine/native), or why not."""
+    if getattr(engine.model, "native_decode", None) is not None:
+        return "on"
+    if kernels() is None:
+        return f"off: {build().reason}"
+    return "partly: not the one-call decode layer (the model's layers are not Llama-shaped)"
 
 
 def count_families() -> tuple[int, int]:
@@ -247,7 +179,7 @@ def cleave_only(engine: LLMEngine, requests: Requests, rounds: int, seed: int) -
     _, prefill_s = prefill_mfu(engine, 1.0, random.Random(seed + 1))
     _, step_s = decode_bandwidth(engine, 1.0)
     print(json.dumps({"cleave_tok_s": round(statistics.median(tok_s), 1),
-                      "native_kernels": native_status(),
+                      "native_kernels": native_status(engine),
                       "rounds_tok_s": [round(t, 1) for t in tok_s],
                       "prefill_1024_ms": round(prefill_s * 1e3, 1),
                       "decode_step_b1_ms": round(step_s * 1e3, 2),
@@ -289,7 +221,7 @@ def main() -> int:
         return cleave_only(engine, make_requests(n_requests, args.seed, engine.shape.vocab_size),
                            rounds, args.seed)
     vllm, vllm_status = start_vllm(args.vllm, args.quick, engine.model_files.directory,
-                                   engine.dtype, args.vllm_core)
+                                   engine.dtype, args.vllm_core, log)
     from transformers import AutoModelForCausalLM
 
     hf: Any = AutoModelForCausalLM.from_pretrained(str(engine.model_files.directory),
@@ -403,7 +335,7 @@ def main() -> int:
         "families_identical": families_identical,
         "requests": n_requests, "rounds": rounds,
         "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
-        "native_kernels": native_status(),
+        "native_kernels": native_status(engine),
     }))
     return 0
 

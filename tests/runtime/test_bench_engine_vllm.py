@@ -26,13 +26,15 @@ def bench_engine() -> ModuleType:
 def test_absent_venv_is_said_plainly(bench_engine: ModuleType, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch,
                                      capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(bench_engine, "VLLM_PYTHON", tmp_path / "missing" / "python")
-    process, status = bench_engine.start_vllm("auto", False, tmp_path, torch.bfloat16, None)
+    client = sys.modules["vllm_client"]  # imported by engine.py
+    monkeypatch.setattr(client, "VLLM_PYTHON", tmp_path / "missing" / "python")
+    process, status = bench_engine.start_vllm("auto", False, tmp_path, torch.bfloat16, None,
+                                              bench_engine.log)
     assert process is None and status == "absent"
     assert "vLLM: absent" in capsys.readouterr().err
 
 
 def test_quick_and_off_skip_vllm(bench_engine: ModuleType, tmp_path: Path) -> None:
     for mode, quick in (("auto", True), ("off", False), ("off", True)):
-        assert bench_engine.start_vllm(mode, quick, tmp_path, torch.bfloat16, None) == (
-            None, "skipped")
+        assert bench_engine.start_vllm(mode, quick, tmp_path, torch.bfloat16, None,
+                                       bench_engine.log) == (None, "skipped")

@@ -75,4 +75,6 @@ def test_rms_norm_matches_transformers_formula(dtype: torch.dtype, offset: float
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)
     expected = ((normed * (offset + weight.float())).to(dtype) if offset
                 else weight * normed.to(dtype))
-    assert torch.equal(RMSNorm(weight, 1e-5, offset)(x), expected)
+    norm = RMSNorm(weight, 1e-5, offset)
+    norm.native = None  # the torch ops (the native kernel: test_native_kernels.py)
+    assert torch.equal(norm(x), expected)

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from cleave.runtime.engine.dense import linear as linear_module
 from cleave.runtime.engine.dense.linear import NATIVE_MAX_ROWS, Linear
 from cleave.runtime.engine.native import build as build_module
-from cleave.runtime.engine.native.build import CPU_FLAGS, build, cpu_flags, unavailable
+from cleave.runtime.engine.native import kernels as kernels_module
+from cleave.runtime.engine.native.build import CPU_FLAGS, Built, build, cpu_flags, unavailable
 from cleave.runtime.engine.native.kernels import Kernels, kernels
 
 NATIVE = kernels()
 needs_native = pytest.mark.skipif(
-    NATIVE is None, reason=f"native kernels unavailable here: {build().reason}")
+    NATIVE is None, reason="native kernels unavailable here (see build().reason)")
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
@@ -203,15 +204,16 @@ def test_row_kernels_round_as_the_torch_ops_they_replace() -> None:
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.equal(NATIVE.silu_mul(gate_up), F.silu(gate) * up)
 
-    heads, d = 3, 64
-    qkv = torch.randn(4, (heads + 1) * d, dtype=torch.bfloat16)  # a trailing head stays
-    cos, sin = torch.randn(4, d, dtype=torch.bfloat16), torch.randn(4, d, dtype=torch.bfloat16)
-    x3 = qkv[:, :heads * d].view(4, heads, d)
-    want = x3 * cos[:, None] + torch.roll(x3, d // 2, -1) * sin[:, None]
-    tail = qkv[:, heads * d:].clone()
-    NATIVE.rotary_(qkv, heads, d, cos, sin)
-    assert torch.equal(qkv[:, :heads * d].view(4, heads, d), want)
-    assert torch.equal(qkv[:, heads * d:], tail)
+    for heads, d in ((3, 64), (2, 96), (1, 256)):  # a half of 48; the widest buffer
+        qkv = torch.randn(4, (heads + 1) * d, dtype=torch.bfloat16)  # a trailing head stays
+        cos = torch.randn(4, d, dtype=torch.bfloat16)
+        sin = torch.randn(4, d, dtype=torch.bfloat16)
+        x3 = qkv[:, :heads * d].view(4, heads, d)
+        want = x3 * cos[:, None] + torch.roll(x3, d // 2, -1) * sin[:, None]
+        tail = qkv[:, heads * d:].clone()
+        NATIVE.rotary_(qkv, heads, d, cos, sin)
+        assert torch.equal(qkv[:, :heads * d].view(4, heads, d), want)
+        assert torch.equal(qkv[:, heads * d:], tail)
     # a head whose half is not whole vectors (16, 48), or wider than the kernel's buffer
     for width in (16, 48, 288):
         assert not Kernels.takes_head_dim(width)
@@ -232,10 +234,19 @@ def test_kernels_step_aside_for_more_torch_threads() -> None:
         torch.set_num_threads(threads)
 
 
-def test_an_unloadable_library_is_a_reason_not_a_crash(
+def test_an_unwritable_cache_is_a_reason_not_a_crash(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(build_module, "cpu_flags", lambda: CPU_FLAGS)
+    monkeypatch.setattr(build_module, "_compiler", lambda: "/usr/bin/true")
     monkeypatch.setattr(build_module, "cache_dir", lambda: tmp_path / "file")
     (tmp_path / "file").write_text("not a directory")
     built = build()
     assert built.path is None and "could not build" in built.reason
+
+
+def test_an_unloadable_library_is_a_reason_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    junk = tmp_path / "kernels-junk.so"
+    junk.write_text("not a shared object")
+    monkeypatch.setattr(kernels_module, "build", lambda: Built(junk, "cached"))
+    assert kernels_module._library.__wrapped__() is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hf_reference import hf_greedy
@@ -62,7 +64,17 @@ def test_bf16_native_decode_layers_give_the_op_by_op_paths_tokens() -> None:
         engine.tokenize("def fibonacci(n):\n    " * 6),
     ]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
+    runs = 0
+    real_run = native.run
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        nonlocal runs
+        runs += 1
+        return real_run(*args, **kwargs)
+
+    native.run = counted  # type: ignore[method-assign]
     with_native = [r.token_ids for r in engine.generate(prompts, params)]
+    assert runs >= 23  # every decode-only step (the last 23 tokens of each prompt, batched)
     model.native_decode = None  # type: ignore[attr-defined]
     engine.block_manager.reset_prefix_cache()  # recompute the prompts too
     without = [r.token_ids for r in engine.generate(prompts, params)]

@@ -28,8 +28,9 @@ class AttentionConfig:
     softcap: float | None
     window: int | None  # keys with q_pos - k_pos < window are visible
     tiled_prefill: bool  # bf16 on CPU: query tiles beat torch's fused kernel 2.5-3x
-    # The native decode kernel (bf16 on an AVX512-BF16 CPU, plain layers): reads the pool in
-    # place, 5-6x the gather and two bmm's it replaces (native/attention.c).
+    # The native attention kernels (bf16 on an AVX512-BF16 CPU, plain layers): decode reads
+    # the pool in place, 5-6x the gather and two bmm's it replaces; prefill for fresh chunks
+    # up to NATIVE_PREFILL_MAX (native/attention.c).
     native: Kernels | None = None
 
     @property

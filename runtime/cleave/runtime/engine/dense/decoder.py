@@ -83,7 +83,7 @@ class PagedDecoder:
                               and Kernels.takes_head_dim(spec.shape.head_dim) else None)
         self.native_decode = native_decode.build(
             native, self.layers, self.attention, self.nq, self.nkv, spec.shape.head_dim,
-            spec.rms_norm_eps, len(ropes) == 1 and full_rotary and shard is None)
+            spec.rms_norm_eps, eligible=len(ropes) == 1 and full_rotary and shard is None)
 
     @property
     def device(self) -> torch.device:

@@ -10,8 +10,8 @@
   ``CLEAVE_NATIVE_KERNELS=0``): weights reordered once, at load, into oneDNN's blocked layout
   (``Tensor.to_mkldnn``, run by ``mkldnn._linear_pointwise``, as Inductor's CPU freezing
   emits), 1.3-1.7x ``F.linear`` in decode with the same bits.
-- Elsewhere (fp32, whose token identity with transformers the tests pin; CUDA; AVX2 only):
-  ``F.linear``.
+- Elsewhere (fp32, whose token identity with transformers the tests pin; CUDA; AVX2 only;
+  more than one torch thread, which the native kernels do not use): ``F.linear``.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def native_for(weight: torch.Tensor) -> Kernels | None:
 
 class Linear:
     """``x @ weight.T + bias`` for ``x [tokens, in]``. ``prepack=False`` keeps the weight as
-    given where it would be reordered for oneDNN (the LM head tied to the embeddings, which
-    must stay row-major for the lookup and is not worth a second copy)."""
+    given where it would be reordered for oneDNN (the LM head: tied to the embeddings it must
+    stay row-major for the lookup, and prepacked it gained nothing measurable)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  prepack: bool = True) -> None:

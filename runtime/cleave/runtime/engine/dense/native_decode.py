@@ -33,6 +33,14 @@ def layer_args(layer: LayerWeights, cfg: AttentionConfig, nq: int, nkv: int, d: 
                                                   mlp.down))
             or layer.qkv.in_features % 16 or mlp.down.in_features % 16):
         return None
+    hidden, inter = layer.qkv.in_features, mlp.down.in_features
+    shapes = [(layer.qkv.out_features, (nq + 2 * nkv) * d), (layer.o_proj.in_features, nq * d),
+              (layer.o_proj.out_features, hidden), (mlp.gate_up.in_features, hidden),
+              (mlp.gate_up.out_features, 2 * inter), (mlp.down.out_features, hidden),
+              (layer.attn_in_norm.weight.numel(), hidden),
+              (layer.mlp_in_norm.weight.numel(), hidden)]
+    if any(got != want for got, want in shapes):  # the kernel sizes its buffers from these
+        return None
     return LayerArgs(
         layer.qkv.in_features, nq, nkv, d, mlp.down.in_features, eps, cfg.scale,
         _ptr(layer.attn_in_norm.weight), _ptr(layer.qkv.weight), _ptr(layer.qkv.bias),
@@ -62,6 +70,7 @@ class NativeDecode:
         tables, lengths = _one_table(batch)
         rows = h.shape[0]
         _, blocks, bs, _ = k_pool[0].shape
+        _check_indices(tables, lengths, batch.slot_mapping, bs)
         words = rows * (self.hidden + (self.nq + 2 * self.nkv) * self.d + self.nq * self.d
                         + 3 * self.inter)
         bbuf = torch.empty(words, dtype=torch.bfloat16)
@@ -86,15 +95,24 @@ def _one_table(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return tables, torch.cat([g.lengths for g in groups])
 
 
+def _check_indices(tables: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
+                   bs: int) -> None:
+    """What the kernel trusts: int64 indices and no length past its table (the buffers are
+    sized from the table's width)."""
+    if {tables.dtype, lengths.dtype, slots.dtype} != {torch.int64}:
+        raise ValueError("native decode: block tables, lengths and slots must be int64")
+    if int(lengths.max()) > tables.shape[1] * bs:
+        raise ValueError("native decode: a length runs past its block table")
+
+
 def build(kernels: Kernels | None, layers: list[LayerWeights], configs: list[AttentionConfig],
-          nq: int, nkv: int, d: int, eps: float, rotary_full: bool) -> NativeDecode | None:
-    if kernels is None or not rotary_full:
+          nq: int, nkv: int, d: int, eps: float, eligible: bool) -> NativeDecode | None:
+    """``eligible``: the model-wide conditions (one full-width rotary table, one rank)."""
+    if kernels is None or not eligible:
         return None
     args = [layer_args(layer, cfg, nq, nkv, d, eps) for layer, cfg in zip(layers, configs,
                                                                          strict=True)]
-    if any(a is None for a in args):
-        return None
-    return NativeDecode(kernels, [a for a in args if a is not None], layers, nq, nkv, d)
-
-
-
+    kept = [a for a in args if a is not None]
+    if len(kept) < len(args) or len({(a.hidden, a.inter) for a in kept}) != 1:
+        return None  # one buffer layout serves every layer
+    return NativeDecode(kernels, kept, layers, nq, nkv, d)

@@ -171,10 +171,10 @@ static void scores4(const uint16_t *q, long q_stride, long nr, const uint16_t *k
 
 /* prefill_attention_bf16: causal attention of one sequence's chunk of ``len`` new tokens at
  * positions context.. over its keys 0..context+len-1, all already in the pool (the chunk's
- * own too), read in place through its block table. Four query rows at a time share each value
- * row's conversion; scores, softmax and sums are fp32, the output rounded to bf16 once.
- * torch's tiled path (two bmm's and a softmax per 64-query tile, over keys gathered out of the
- * pool) took about twice as long here.
+ * own too), read in place through its block table. Query rows share each value row's
+ * conversion, four at a time for 64-wide heads (two for 128, one otherwise); scores, softmax
+ * and sums are fp32, the output rounded to bf16 once. Fresh chunks only: over earlier context
+ * torch's tiled bmm's win (dense/attention.py, NATIVE_PREFILL_MAX).
  *
  * q: [len] rows of q_stride elements, each nq heads of d; out: [len, nq, d];
  * scratch: 4 * (context + len) floats. */

@@ -78,7 +78,6 @@ class Kernels:
                      y.data_ptr(), out_features, rows, out_features, width)
         return y
 
-
     @staticmethod
     def takes_head_dim(head_dim: int) -> bool:
         """Head widths the attention and rotary kernels run: whole 32-element steps, halves
@@ -88,7 +87,8 @@ class Kernels:
     @staticmethod
     def takes_decode_attention(num_heads: int, num_kv_heads: int, head_dim: int,
                                dtype: torch.dtype, device: torch.device) -> bool:
-        """Whether the attention kernels run this model (bf16 pool on the CPU)."""
+        """Whether the attention kernels (decode and prefill) run this model (bf16 pool on
+        the CPU)."""
         return (device.type == "cpu" and dtype == torch.bfloat16
                 and Kernels.takes_head_dim(head_dim) and num_heads % num_kv_heads == 0)
 
@@ -104,6 +104,8 @@ class Kernels:
             q = q.contiguous()
         if tables.dtype != torch.int64 or lengths.dtype != torch.int64:
             raise ValueError("decode_attention: block tables and lengths must be int64")
+        if int(lengths.max()) > tables.shape[1] * bs:  # the scratch is sized from the table
+            raise ValueError("decode_attention: a length runs past its block table")
         tables, lengths = tables.contiguous(), lengths.contiguous()
         scratch = torch.empty(nq // nkv * tables.shape[1] * bs, dtype=torch.float32)
         out = torch.empty(seqs, nq, d, dtype=torch.bfloat16)
@@ -111,7 +113,6 @@ class Kernels:
                         blocks, bs, tables.data_ptr(), tables.shape[1], lengths.data_ptr(),
                         seqs, nq, nkv, d, scale, scratch.data_ptr(), out.data_ptr())
         return out
-
 
     def prefill_attention(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                           table: torch.Tensor, context: int, scale: float) -> torch.Tensor:
@@ -194,5 +195,12 @@ def kernels() -> Kernels | None:
     run one thread: with more torch threads (EngineConfig.num_threads) torch's own kernels,
     which use them all, are chosen instead."""
     if torch.get_num_threads() != 1:
+        _note_threads(torch.get_num_threads())
         return None
     return _library()
+
+
+@functools.cache
+def _note_threads(threads: int) -> None:
+    log.info("native kernels off: %d torch threads (they run one); torch's kernels run",
+             threads)
