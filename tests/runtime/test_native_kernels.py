@@ -14,7 +14,7 @@ from cleave.runtime.engine.dense.linear import NATIVE_MAX_ROWS, Linear
 from cleave.runtime.engine.native import build as build_module
 from cleave.runtime.engine.native import kernels as kernels_module
 from cleave.runtime.engine.native.build import CPU_FLAGS, Built, build, cpu_flags, unavailable
-from cleave.runtime.engine.native.kernels import Kernels, kernels
+from cleave.runtime.engine.native.kernels import Kernels, LayerArgs, check_indices, kernels
 
 NATIVE = kernels()
 needs_native = pytest.mark.skipif(
@@ -250,3 +250,26 @@ def test_an_unloadable_library_is_a_reason_not_a_crash(
     junk.write_text("not a shared object")
     monkeypatch.setattr(kernels_module, "build", lambda: Built(junk, "cached"))
     assert kernels_module._library.__wrapped__() is None
+
+
+def test_attention_indices_are_checked_before_the_kernels_trust_them() -> None:
+    tables = torch.zeros(2, 3, dtype=torch.int64)
+    check_indices(tables, torch.tensor([48, 1]), 16)  # three whole blocks fit
+    with pytest.raises(ValueError, match="past its block table"):
+        check_indices(tables, torch.tensor([49, 1]), 16)
+    with pytest.raises(ValueError, match="int64"):
+        check_indices(tables.int(), torch.tensor([1, 1]), 16)
+    with pytest.raises(ValueError, match="int64"):  # the slots of a decode layer
+        check_indices(tables, torch.tensor([1, 1]), 16, torch.zeros(2, dtype=torch.int32))
+    # the kernel's caller refuses too, before any C runs
+    if NATIVE is not None:
+        pool = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="past its block table"):
+            NATIVE.decode_attention(torch.zeros(2, 1, 64, dtype=torch.bfloat16), pool, pool,
+                                    tables, torch.tensor([49, 1]), 0.125)
+
+
+def test_the_layer_scratch_covers_what_layer_c_carves_from_it() -> None:
+    """layer.c's bbuf: normed input, qkv, attention output, gate/up, activation."""
+    args = LayerArgs(576, 9, 3, 64, 1536)
+    assert args.scratch_words(2) == 2 * (576 + (9 + 6) * 64 + 9 * 64 + 2 * 1536 + 1536)

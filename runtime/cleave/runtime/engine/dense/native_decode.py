@@ -13,7 +13,7 @@ from cleave.runtime.engine.dense.attention import AttentionConfig
 from cleave.runtime.engine.dense.linear import NATIVE_MAX_ROWS
 from cleave.runtime.engine.dense.mlp import DenseMLP
 from cleave.runtime.engine.dense.weights import LayerWeights
-from cleave.runtime.engine.native.kernels import Kernels, LayerArgs
+from cleave.runtime.engine.native.kernels import Kernels, LayerArgs, check_indices
 from cleave.runtime.engine.paged_model import AttentionBatch
 
 
@@ -42,22 +42,20 @@ def layer_args(layer: LayerWeights, cfg: AttentionConfig, nq: int, nkv: int, d: 
     if any(got != want for got, want in shapes):  # the kernel sizes its buffers from these
         return None
     return LayerArgs(
-        layer.qkv.in_features, nq, nkv, d, mlp.down.in_features, eps, cfg.scale,
+        hidden, nq, nkv, d, inter, eps, cfg.scale,
         _ptr(layer.attn_in_norm.weight), _ptr(layer.qkv.weight), _ptr(layer.qkv.bias),
         _ptr(layer.o_proj.weight), _ptr(layer.o_proj.bias), _ptr(layer.mlp_in_norm.weight),
         _ptr(mlp.gate_up.weight), _ptr(mlp.down.weight))
 
 
 class NativeDecode:
-    """Every layer of a model in the kernel's terms; built only when every layer qualifies."""
+    """Every layer of a model in the kernel's terms; built only when every layer qualifies,
+    all with one shape (so one scratch layout serves them all)."""
 
-    def __init__(self, kernels: Kernels, layers: list[LayerArgs], keep: list[LayerWeights],
-                 nq: int, nkv: int, d: int) -> None:
+    def __init__(self, kernels: Kernels, layers: list[LayerArgs],
+                 keep: list[LayerWeights]) -> None:
         self.kernels, self.layers = kernels, layers
         self._keep = keep  # the tensors the pointers above point into
-        self.nq, self.nkv, self.d = nq, nkv, d
-        first = layers[0]
-        self.hidden, self.inter = first.hidden, first.inter
 
     @staticmethod
     def takes(batch: AttentionBatch, tokens: int) -> bool:
@@ -68,13 +66,11 @@ class NativeDecode:
             v_pool: list[torch.Tensor]) -> torch.Tensor:
         """All layers over ``h [tokens, hidden]`` (a fresh tensor, updated in place)."""
         tables, lengths = _one_table(batch)
-        rows = h.shape[0]
+        rows, shape = h.shape[0], self.layers[0]
         _, blocks, bs, _ = k_pool[0].shape
-        _check_indices(tables, lengths, batch.slot_mapping, bs)
-        words = rows * (self.hidden + (self.nq + 2 * self.nkv) * self.d + self.nq * self.d
-                        + 3 * self.inter)
-        bbuf = torch.empty(words, dtype=torch.bfloat16)
-        fbuf = torch.empty(self.nq // self.nkv * tables.shape[1] * bs, dtype=torch.float32)
+        check_indices(tables, lengths, bs, batch.slot_mapping)
+        bbuf = torch.empty(shape.scratch_words(rows), dtype=torch.bfloat16)
+        fbuf = torch.empty(shape.nq // shape.nkv * tables.shape[1] * bs, dtype=torch.float32)
         h = h.contiguous()
         cos = cos.reshape(rows, -1).contiguous()
         sin = sin.reshape(rows, -1).contiguous()
@@ -95,16 +91,6 @@ def _one_table(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return tables, torch.cat([g.lengths for g in groups])
 
 
-def _check_indices(tables: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
-                   bs: int) -> None:
-    """What the kernel trusts: int64 indices and no length past its table (the buffers are
-    sized from the table's width)."""
-    if {tables.dtype, lengths.dtype, slots.dtype} != {torch.int64}:
-        raise ValueError("native decode: block tables, lengths and slots must be int64")
-    if int(lengths.max()) > tables.shape[1] * bs:
-        raise ValueError("native decode: a length runs past its block table")
-
-
 def build(kernels: Kernels | None, layers: list[LayerWeights], configs: list[AttentionConfig],
           nq: int, nkv: int, d: int, eps: float, eligible: bool) -> NativeDecode | None:
     """``eligible``: the model-wide conditions (one full-width rotary table, one rank)."""
@@ -115,4 +101,4 @@ def build(kernels: Kernels | None, layers: list[LayerWeights], configs: list[Att
     kept = [a for a in args if a is not None]
     if len(kept) < len(args) or len({(a.hidden, a.inter) for a in kept}) != 1:
         return None  # one buffer layout serves every layer
-    return NativeDecode(kernels, kept, layers, nq, nkv, d)
+    return NativeDecode(kernels, kept, layers)

@@ -24,6 +24,22 @@ class LayerArgs(ctypes.Structure):
                 ("in_norm", _P), ("qkv", _P), ("qkv_bias", _P), ("o", _P), ("o_bias", _P),
                 ("post_norm", _P), ("gate_up", _P), ("down", _P)]
 
+    def scratch_words(self, rows: int) -> int:
+        """bf16 elements of ``decode_layer_bf16``'s scratch for ``rows`` tokens: the normed
+        input, qkv, the attention output, gate/up and the activation (layer.c's bbuf)."""
+        nq, nkv, d = int(self.nq), int(self.nkv), int(self.d)  # ctypes fields read as Any
+        return rows * (int(self.hidden) + (nq + 2 * nkv) * d + nq * d + 3 * int(self.inter))
+
+
+def check_indices(tables: torch.Tensor, lengths: torch.Tensor, block_size: int,
+                  *others: torch.Tensor) -> None:
+    """What the attention kernels trust: int64 indices (tables, lengths and any ``others``,
+    e.g. slots) and no length past its table, whose width sizes their scratch."""
+    if any(t.dtype != torch.int64 for t in (tables, lengths, *others)):
+        raise ValueError("native attention: block tables, lengths and slots must be int64")
+    if lengths.numel() and int(lengths.max()) > tables.shape[1] * block_size:
+        raise ValueError("native attention: a length runs past its block table")
+
 
 class Kernels:
     """The loaded library. Callers check :meth:`takes_linear` before :meth:`linear`."""
@@ -102,10 +118,7 @@ class Kernels:
         nkv, blocks, bs, _ = k_pool.shape
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
-        if tables.dtype != torch.int64 or lengths.dtype != torch.int64:
-            raise ValueError("decode_attention: block tables and lengths must be int64")
-        if int(lengths.max()) > tables.shape[1] * bs:  # the scratch is sized from the table
-            raise ValueError("decode_attention: a length runs past its block table")
+        check_indices(tables, lengths, bs)
         tables, lengths = tables.contiguous(), lengths.contiguous()
         scratch = torch.empty(nq // nkv * tables.shape[1] * bs, dtype=torch.float32)
         out = torch.empty(seqs, nq, d, dtype=torch.bfloat16)
@@ -170,8 +183,9 @@ class Kernels:
                      sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                      blocks: int, bs: int, slots: torch.Tensor, tables: torch.Tensor,
                      lengths: torch.Tensor, fbuf: torch.Tensor, bbuf: torch.Tensor) -> None:
-        """One layer's decode forward over ``h`` in place (see native_decode.py, which sizes
-        the buffers); every tensor contiguous, indices int64."""
+        """One layer's decode forward over ``h`` in place; ``bbuf`` holds
+        ``args.scratch_words(rows)`` bf16, ``fbuf`` nq / nkv * table width * bs floats; every
+        tensor contiguous, indices int64 (:func:`check_indices`)."""
         self._layer(ctypes.byref(args), h.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(),
                     k_pool.data_ptr(), v_pool.data_ptr(), blocks, bs, slots.data_ptr(),
                     tables.data_ptr(), tables.shape[1], lengths.data_ptr(), fbuf.data_ptr(),
