@@ -169,22 +169,35 @@ def test_decode_attention_reads_the_pool_through_block_tables(d: int, nq: int) -
 
 
 @needs_native
-@pytest.mark.parametrize(("length", "d"), [(1, 64), (5, 64), (37, 64), (37, 128), (19, 96)])
-def test_prefill_attention_is_causal_over_the_chunk(length: int, d: int) -> None:
+@pytest.mark.parametrize(("context", "length", "d", "nq"), [
+    (0, 1, 64, 9), (0, 5, 64, 9), (0, 37, 64, 9), (0, 37, 128, 9), (0, 19, 96, 9),
+    (45, 37, 64, 9),  # over earlier context, key blocks straddling the chunk's start
+    (31, 1, 256, 3),  # one query row: a block of QR rows that is mostly padding
+    (100, 70, 128, 18),  # 6 query heads a kv head, rows of one block spanning tokens
+    (64, 64, 64, 3),  # one query head a kv head, everything whole blocks
+])
+def test_prefill_attention_is_causal_over_context_and_chunk(context: int, length: int, d: int,
+                                                            nq: int) -> None:
+    """prefill.c against an fp32 reference: blocks of 32 keys and 12 query rows, so these
+    lengths cover partial and whole blocks, masked and unmasked, over scattered pool blocks."""
     assert NATIVE is not None
-    torch.manual_seed(length)
-    nq, nkv, bs, blocks = 9, 3, 16, 12
+    torch.manual_seed(length + context)
+    nkv, bs, blocks = 3, 16, 24
     k_pool, v_pool = _pool(nkv, blocks, bs, d)
-    table = torch.randperm(blocks)[: -(-length // bs)]
+    total = context + length
+    table = torch.randperm(blocks)[: -(-total // bs)]
     q = torch.randn(length, nq, d, dtype=torch.bfloat16)
-    got = NATIVE.prefill_attention(q, k_pool, v_pool, table, 0, 0.125)
-    visible = torch.arange(length)[None, :] <= torch.arange(length)[:, None]
-    exact = _exact_attention(q, _keys(k_pool, table, length), _keys(v_pool, table, length),
-                             visible, 0.125)
+    got = NATIVE.prefill_attention(q, k_pool, v_pool, table, context, 0.125)
+    visible = torch.arange(total)[None, :] <= context + torch.arange(length)[:, None]
+    k, v = _keys(k_pool, table, total), _keys(v_pool, table, total)
+    exact = _exact_attention(q, k, v, visible, 0.125)
+    spread = _exact_attention(q, k, v.abs(), visible, 0.125)  # sum_i p_i |v_i|
     assert got.shape == (length, nq, d)
-    assert torch.allclose(got.float(), exact, rtol=2 ** -7, atol=2e-3)
+    # fp32 scores and sums; two bf16 roundings (relative error at most 2^-8 each): the
+    # probabilities for the values' product (at most 2^-8 * sum_i p_i |v_i|) and the output
+    assert ((got.float() - exact).abs() <= 2 ** -8 * (exact.abs() + spread) + 1e-6).all()
     with pytest.raises(ValueError, match="cannot hold"):
-        NATIVE.prefill_attention(q, k_pool, v_pool, table[:0], 0, 0.125)
+        NATIVE.prefill_attention(q, k_pool, v_pool, table[:0], context, 0.125)
 
 
 @needs_native

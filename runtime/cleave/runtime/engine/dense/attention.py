@@ -2,8 +2,9 @@
 
 A sequence's KV is read through its block table. Decodes of the whole batch share one
 gathered, masked pair of matmuls; a prefill chunk with no earlier context attends over its own
-fresh K/V without touching the pool. Plain causal layers keep the fast paths (tiled bf16 on
-CPU, fused SDPA elsewhere); windowed or soft-capped layers take an explicit masked path.
+fresh K/V without touching the pool. Plain causal layers keep the fast paths (the native
+kernels, which read the pool in place, where they run; else tiled bf16 on CPU, fused SDPA
+elsewhere); windowed or soft-capped layers take an explicit masked path.
 """
 
 from __future__ import annotations
@@ -16,21 +17,16 @@ import torch.nn.functional as F
 from cleave.runtime.engine.native.kernels import Kernels
 from cleave.runtime.engine.paged_model import AttentionBatch, DecodeGroup
 
-# The native prefill kernel beats the tiled bmm path on fresh chunks up to this long (per layer
-# of the default model: 1.2 vs 2.0 ms at 256 tokens, 4.0 vs 4.4 at 512); over earlier context
-# they tie (2.9 ms at 256 over 256) or oneDNN's bmm's win (10.2 vs 11.4 ms at 512 over 512).
-NATIVE_PREFILL_MAX = 512
-
-
 @dataclass(frozen=True)
 class AttentionConfig:
     scale: float  # multiplies q.k
     softcap: float | None
     window: int | None  # keys with q_pos - k_pos < window are visible
     tiled_prefill: bool  # bf16 on CPU: query tiles beat torch's fused kernel 2.5-3x
-    # The native attention kernels (bf16 on an AVX512-BF16 CPU, plain layers): decode reads
-    # the pool in place, 5-6x the gather and two bmm's it replaces; prefill for fresh chunks
-    # up to NATIVE_PREFILL_MAX (native/attention.c).
+    # The native attention kernels (bf16 on an AVX512-BF16 CPU, plain layers), both reading
+    # the pool in place: decode 5-6x the gather and two bmm's it replaces (native/attention.c);
+    # prefill flash-style, 1.6-2.1x the tiled path with or without earlier context
+    # (native/prefill.c).
     native: Kernels | None = None
 
     @property
@@ -50,8 +46,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         end = g.first + g.count
         out[g.first:end] = _decodes(q[g.first:end], k_cache, v_cache, g, cfg)
     for index, (first, length, context, table, mask) in enumerate(batch.prefills):
-        if (cfg.native is not None and cfg.plain and table is not None and context == 0
-                and length <= NATIVE_PREFILL_MAX):
+        if cfg.native is not None and cfg.plain and table is not None:
             out[first:first + length] = cfg.native.prefill_attention(
                 q[first:first + length], k_cache, v_cache, table, context, cfg.scale)
             continue

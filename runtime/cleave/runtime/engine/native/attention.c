@@ -1,23 +1,6 @@
-/* Attention over the paged KV pool, read in place through block tables: decode (one query a
- * sequence) and prefill (a fresh chunk, causal). */
+/* Decode attention over the paged KV pool, read in place through block tables (one query a
+ * sequence); prefill is prefill.c. */
 #include "simd.h"
-
-/* Walks a sequence's rows through its block table in order, without a division per row
- * (a 64-bit division by the runtime block size cost more than the row's arithmetic). */
-typedef struct {
-  const uint16_t *base;
-  const int64_t *table;
-  long bs, d, block, offset;
-} rows_t;
-
-static inline const uint16_t *next_row(rows_t *r) {
-  const uint16_t *row = r->base + (r->table[r->block] * r->bs + r->offset) * r->d;
-  if (++r->offset == r->bs) {
-    r->offset = 0;
-    r->block++;
-  }
-  return row;
-}
 
 /* sc[p] = scale * q.k_p for keys 0..len-1, 16 keys at a time */
 static void scores(const uint16_t *q, const uint16_t *kh, const int64_t *table, long bs, long d,
@@ -136,71 +119,3 @@ void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_p
     }
   }
 }
-
-/* Scores of nr (<= 4) query rows over keys 0..len-1 into rows of ``stride`` floats, four keys
- * by four rows at a time: each key and query load serves four products, and one sum16 gives
- * the sixteen scores. Keys past a row's own count are computed too (the caller masks them). */
-static void scores4(const uint16_t *q, long q_stride, long nr, const uint16_t *kh,
-                    const int64_t *table, long bs, long d, long len, float scale, float *sc,
-                    long stride) {
-  __m512 vscale = _mm512_set1_ps(scale);
-  rows_t rows = {kh, table, bs, d, 0, 0};
-  const uint16_t *key[4] = {kh, kh, kh, kh};
-  for (long p0 = 0; p0 < len; p0 += 4) {
-    for (int i = 0; i < 4; i++) /* a short last group repeats its last key */
-      key[i] = p0 + i < len ? next_row(&rows) : key[i > 0 ? i - 1 : 0];
-    __m512 acc[4][4];
-    for (int i = 0; i < 4; i++)
-      for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
-    for (long c = 0; c < d; c += 32) {
-      __m512bh qv[4];
-      for (int j = 0; j < 4; j++)
-        qv[j] = (__m512bh)_mm512_loadu_si512(q + (j < nr ? j : 0) * q_stride + c);
-      for (int i = 0; i < 4; i++) {
-        __m512bh kv = (__m512bh)_mm512_loadu_si512(key[i] + c);
-        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], kv, qv[j]);
-      }
-    }
-    float out[16]; /* lane 4 i + j: key p0 + i, row j */
-    _mm512_storeu_ps(out, _mm512_mul_ps(sum16((const __m512 *)acc), vscale));
-    long n = len - p0 < 4 ? len - p0 : 4;
-    for (long j = 0; j < nr; j++)
-      for (long i = 0; i < n; i++) sc[j * stride + p0 + i] = out[4 * i + j];
-  }
-}
-
-/* prefill_attention_bf16: causal attention of one sequence's chunk of ``len`` new tokens at
- * positions context.. over its keys 0..context+len-1, all already in the pool (the chunk's
- * own too), read in place through its block table. Query rows share each value row's
- * conversion, four at a time for 64-wide heads (two for 128, one otherwise); scores, softmax
- * and sums are fp32, the output rounded to bf16 once. Fresh chunks only: over earlier context
- * torch's tiled bmm's win (dense/attention.py, NATIVE_PREFILL_MAX).
- *
- * q: [len] rows of q_stride elements, each nq heads of d; out: [len, nq, d];
- * scratch: 4 * (context + len) floats. */
-void prefill_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_pool,
-                            const uint16_t *v_pool, long blocks, long bs, const int64_t *table,
-                            long context, long len, long nq, long nkv, long d, float scale,
-                            float *scratch, uint16_t *out) {
-  long group = nq / nkv, per = rows_per_pass(d), total = context + len;
-  for (long h = 0; h < nkv; h++) {
-    const uint16_t *kh = k_pool + h * blocks * bs * d, *vh = v_pool + h * blocks * bs * d;
-    for (long g = 0; g < group; g++) {
-      long head = h * group + g;
-      for (long i0 = 0; i0 < len; i0 += per) {
-        long nr = len - i0 < per ? len - i0 : per, keys = context + i0 + nr;
-        scores4(q + i0 * q_stride + head * d, q_stride, nr, kh, table, bs, d, keys, scale,
-                scratch, total);
-        for (long r = 0; r < nr; r++) {
-          long own = context + i0 + r + 1; /* causal: this query sees keys 0..own-1 */
-          float *row = scratch + r * total;
-          softmax_inplace(row, own);
-          memset(row + own, 0, (size_t)(keys - own) * sizeof(float));
-        }
-        values(scratch, total, nr, vh, table, bs, keys, d, out + (i0 * nq + head) * d,
-               nq * d);
-      }
-    }
-  }
-}
-

@@ -1,4 +1,4 @@
-"""ctypes bindings of the native kernels (linear.c, attention.c, layer.c), loaded once per
+"""ctypes bindings of the native kernels (linear.c, attention.c, prefill.c, layer.c), loaded once per
 process."""
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ class Kernels:
         self._prefill.argtypes = [_P, _L, _P, _P, _L, _L, _P, _L, _L, _L, _L, _L,
                                   ctypes.c_float, _P, _P]
         self._prefill.restype = None
+        self._prefill_scratch = lib.prefill_attention_scratch
+        self._prefill_scratch.argtypes = [_L, _L]
+        self._prefill_scratch.restype = _L
         self._rms_norm = lib.rms_norm_bf16
         self._rms_norm.argtypes = [_P, _P, _P, _L, _L, ctypes.c_float]
         self._rms_norm.restype = None
@@ -140,7 +143,7 @@ class Kernels:
         if table.dtype != torch.int64 or table.numel() * bs < context + length:
             raise ValueError(f"prefill_attention: block table {table.dtype} "
                              f"[{table.numel()}] cannot hold {context + length} keys")
-        scratch = torch.empty(4 * (context + length), dtype=torch.float32)
+        scratch = torch.empty(self._prefill_scratch(context + length, d), dtype=torch.float32)
         out = torch.empty(length, nq, d, dtype=torch.bfloat16)
         self._prefill(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(), blocks,
                       bs, table.data_ptr(), context, length, nq, nkv, d, scale,

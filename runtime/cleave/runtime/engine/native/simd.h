@@ -84,6 +84,23 @@ static inline __m512 exp_nonpositive_or_small(__m512 x) {
 }
 
 
+/* Walks a sequence's rows through its block table in order, without a division per row
+ * (a 64-bit division by the runtime block size cost more than the row's arithmetic). */
+typedef struct {
+  const uint16_t *base;
+  const int64_t *table;
+  long bs, d, block, offset;
+} rows_t;
+
+static inline const uint16_t *next_row(rows_t *r) {
+  const uint16_t *row = r->base + (r->table[r->block] * r->bs + r->offset) * r->d;
+  if (++r->offset == r->bs) {
+    r->offset = 0;
+    r->block++;
+  }
+  return row;
+}
+
 static inline __mmask16 first(long n) { return (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1); }
 
 /* The kernels one file calls from another. */
