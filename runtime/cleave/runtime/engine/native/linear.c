@@ -12,6 +12,23 @@
 #define TILE 4   /* rows of w per tile */
 #define AHEAD 2  /* tiles prefetched ahead */
 
+/* y[j * ldy + i] = bf16(s[4 i + j] + bias[i]) for i, j < 4, in vector registers: the scalar
+ * stores it replaces cost a tenth of a 16-row forward's GEMVs */
+static inline void store_tile(__m512 s, const uint16_t *bias, uint16_t *y, long ldy) {
+  if (bias) { /* lane 4 i + j takes bias[i] */
+    __m512 b = _mm512_castps128_ps512(_mm_castsi128_ps(_mm_slli_epi32(
+        _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)bias)), 16)));
+    s = _mm512_add_ps(s, _mm512_permutexvar_ps(
+        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), b));
+  }
+  /* lane 4 j + i takes lane 4 i + j: each row of y's four outputs side by side */
+  s = _mm512_permutexvar_ps(
+      _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), s);
+  uint16_t out[16];
+  store_bf16x16(out, round_bf16(s));
+  for (int j = 0; j < 4; j++) memcpy(y + j * ldy, out + 4 * j, 8);
+}
+
 /* One tile of ``rows`` (<= TILE) rows of w against ``mb`` rows of x (a compile-time constant
  * at each call site, so the accumulators stay in registers). K is a multiple of 32. */
 static inline __attribute__((always_inline)) void tile(
@@ -39,8 +56,12 @@ static inline __attribute__((always_inline)) void tile(
       for (int j = 0; j < mb; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
     }
   }
+  if (mb == 4 && rows == TILE) { /* lane 4 i + j of sum16 holds acc[i][j]'s sum */
+    store_tile(sum16((const __m512 *)acc), bias ? bias + n0 : NULL, y + n0, ldy);
+    return;
+  }
   float sums[TILE][4];
-  if (mb == 4) /* lane 4 i + j of sum16 holds acc[i][j]'s sum */
+  if (mb == 4)
     _mm512_storeu_ps(&sums[0][0], sum16((const __m512 *)acc));
   else
     for (int i = 0; i < TILE; i++)
