@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from cleave.runtime.engine.native.kernels import Kernels
 from cleave.runtime.engine.paged_model import AttentionBatch, DecodeGroup
 
+
 @dataclass(frozen=True)
 class AttentionConfig:
     scale: float  # multiplies q.k

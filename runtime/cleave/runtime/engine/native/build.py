@@ -27,6 +27,7 @@ HERE = Path(__file__).parent
 SOURCES = tuple(sorted(HERE.glob("*.c")))
 HEADERS = tuple(sorted(HERE.glob("*.h")))
 FLAGS = ("-O3", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
+LIBS = ("-lm",)  # sqrtf, expf: linked, not borrowed from whatever the process loaded
 CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
 ENV_SWITCH = "CLEAVE_NATIVE_KERNELS"
 
@@ -89,14 +90,14 @@ def _compile(compiler: str, directory: Path) -> Built:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False, timeout=60).stdout
     texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, version, *FLAGS]).encode())
+    key = hashlib.sha256("\0".join([*texts, version, *FLAGS, *LIBS]).encode())
     target = directory / f"kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return Built(target, "cached")
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         out = Path(tmp) / target.name
-        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(out)],
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), *LIBS, "-o", str(out)],
                               capture_output=True, text=True, check=False, timeout=300)
         if done.returncode != 0:
             return Built(None, f"{compiler} failed: {done.stderr.strip()[-500:]}")

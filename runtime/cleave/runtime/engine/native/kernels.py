@@ -1,5 +1,5 @@
-"""ctypes bindings of the native kernels (linear.c, attention.c, prefill.c, layer.c), loaded once per
-process."""
+"""ctypes bindings of the native kernels (linear.c, attention.c, prefill.c, layer.c), loaded
+once per process."""
 
 from __future__ import annotations
 
@@ -137,6 +137,12 @@ class Kernels:
         ``table`` (int64); returns ``[len, nq, d]``."""
         length, nq, d = q.shape
         nkv, blocks, bs, _ = k_pool.shape
+        if not Kernels.takes_decode_attention(nq, nkv, d, k_pool.dtype, k_pool.device):
+            raise ValueError(f"prefill_attention: {nq} heads over {nkv}, head_dim {d}, "
+                             f"{k_pool.dtype} on {k_pool.device}")
+        out = torch.empty(length, nq, d, dtype=torch.bfloat16)
+        if length == 0:
+            return out
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
         table = table.contiguous()
@@ -144,7 +150,6 @@ class Kernels:
             raise ValueError(f"prefill_attention: block table {table.dtype} "
                              f"[{table.numel()}] cannot hold {context + length} keys")
         scratch = torch.empty(self._prefill_scratch(context + length, d), dtype=torch.float32)
-        out = torch.empty(length, nq, d, dtype=torch.bfloat16)
         self._prefill(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(), blocks,
                       bs, table.data_ptr(), context, length, nq, nkv, d, scale,
                       scratch.data_ptr(), out.data_ptr())

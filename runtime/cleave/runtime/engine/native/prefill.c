@@ -11,9 +11,13 @@
  *   value rows at once.
  * Query rows are (token, head) pairs of the kv head's group, QR at a time: the rows of one
  * block share every key and value load. Scores and softmax are fp32; the probabilities are
- * rounded to bf16 for the values' product (as torch's bf16 attention rounds them), its sums
- * fp32, and the output is rounded to bf16 once. */
+ * rounded to bf16 for the values' product (torch's bf16 attention rounds them too, after
+ * normalising), and the sum they are divided by adds up those same rounded values, so each
+ * output is a true weighted average; sums are fp32, the output rounded to bf16 once. */
 #include "simd.h"
+
+/* two bf16 as one 32-bit lane, read out of uint16_t arrays (no alignment or aliasing assumed) */
+typedef uint32_t pair_t __attribute__((may_alias, aligned(2)));
 
 enum { KB = 32, QR = 12 }; /* keys per block; query rows per block */
 
@@ -29,16 +33,16 @@ long prefill_attention_scratch(long keys, long d) {
  * vp[((b * KB/2 + j) * d + c) * 2 + e] = value b KB + 2j + e's dimension c. Keys past n are
  * zero (their probabilities are zero too, and 0 * garbage could be NaN). */
 static void pack(const uint16_t *kh, const uint16_t *vh, const int64_t *table, long bs, long d,
-                 long n, uint32_t *kp, uint16_t *vp) {
+                 long n, pair_t *kp, uint16_t *vp) {
   long blocks = (n + KB - 1) / KB, half = d / 2;
   rows_t krows = {kh, table, bs, d, 0, 0}, vrows = {vh, table, bs, d, 0, 0};
   for (long b = 0; b < blocks; b++) {
-    uint32_t *kb = kp + b * half * KB;
+    pair_t *kb = kp + b * half * KB;
     uint16_t *vb = vp + b * KB * d;
     for (long j = 0; j < KB; j++) {
       uint16_t *vd = vb + (j >> 1) * 2 * d + (j & 1);
       if (b * KB + j < n) {
-        const uint32_t *k = (const uint32_t *)next_row(&krows);
+        const pair_t *k = (const pair_t *)next_row(&krows);
         const uint16_t *v = next_row(&vrows);
         for (long c = 0; c < half; c++) kb[c * KB + j] = k[c];
         for (long c = 0; c < d; c++) vd[2 * c] = v[c];
@@ -51,7 +55,7 @@ static void pack(const uint16_t *kh, const uint16_t *vh, const int64_t *table, l
 }
 
 typedef struct {
-  const int32_t *q; /* the row's query, as pairs */
+  const pair_t *q; /* the row's query, as pairs */
   long pos;         /* its position: it sees keys 0..pos */
 } qrow_t;
 
@@ -59,8 +63,8 @@ typedef struct {
  * running max m and sum l, its sums o rescaled when m grows, and its probabilities for this
  * block as bf16 pairs in p (QR rows of KB/2 pairs). */
 static inline __attribute__((always_inline)) void block_probs(
-    const qrow_t *rows, const uint32_t *kb, long half, long first_key, float scale, float *m,
-    float *l, float *o, long d, uint32_t *p) {
+    const qrow_t *rows, const pair_t *kb, long half, long first_key, float scale, float *m,
+    float *l, float *o, long d, pair_t *p) {
   __m512 s[QR][2];
   for (int r = 0; r < QR; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
   for (long c = 0; c < half; c++) {
@@ -68,7 +72,7 @@ static inline __attribute__((always_inline)) void block_probs(
     __m512bh k1 = (__m512bh)_mm512_loadu_si512(kb + c * KB + 16);
 #pragma GCC unroll 12
     for (int r = 0; r < QR; r++) {
-      __m512bh qv = (__m512bh)_mm512_set1_epi32(rows[r].q[c]);
+      __m512bh qv = (__m512bh)_mm512_set1_epi32((int)rows[r].q[c]);
       s[r][0] = _mm512_dpbf16_ps(s[r][0], qv, k0);
       s[r][1] = _mm512_dpbf16_ps(s[r][1], qv, k1);
     }
@@ -76,7 +80,7 @@ static inline __attribute__((always_inline)) void block_probs(
   __m512 vscale = _mm512_set1_ps(scale);
   for (int r = 0; r < QR; r++) {
     long seen = rows[r].pos - first_key + 1; /* keys of this block the row sees */
-    __mmask16 lo = seen > 0 ? first(seen) : 0, hi = seen > 16 ? first(seen - 16) : 0;
+    __mmask16 lo = first(seen), hi = first(seen - 16);
     __m512 x0 = _mm512_mul_ps(s[r][0], vscale), x1 = _mm512_mul_ps(s[r][1], vscale);
     __m512 ninf = _mm512_set1_ps(-INFINITY);
     float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(ninf, lo, x0),
@@ -92,7 +96,7 @@ static inline __attribute__((always_inline)) void block_probs(
     __m512 vm = _mm512_set1_ps(m[r]);
     __m512 p0 = _mm512_maskz_mov_ps(lo, exp_nonpositive_or_small(_mm512_sub_ps(x0, vm)));
     __m512 p1 = _mm512_maskz_mov_ps(hi, exp_nonpositive_or_small(_mm512_sub_ps(x1, vm)));
-    l[r] += _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+    l[r] += _mm512_reduce_add_ps(_mm512_add_ps(round_bf16(p0), round_bf16(p1)));
     _mm512_storeu_si512(p + r * (KB / 2), (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
   }
 }
@@ -100,7 +104,7 @@ static inline __attribute__((always_inline)) void block_probs(
 /* o[r] += p[r] . values of block vb, rp rows at a time with their dv = d/16 accumulators in
  * registers (dv and rp are constants at each call site) */
 static inline __attribute__((always_inline)) void block_values(const uint16_t *vb,
-                                                               const uint32_t *p, float *o,
+                                                               const pair_t *p, float *o,
                                                                long d, const int dv,
                                                                const int rp) {
   for (int r0 = 0; r0 < QR; r0 += rp) {
@@ -124,12 +128,12 @@ static inline __attribute__((always_inline)) void block_values(const uint16_t *v
 /* One block of QR query rows (the first ``real`` of them real, the rest copies of row 0) over
  * the packed keys and values, into o (QR rows of d fp32 sums) and l. */
 static inline __attribute__((always_inline)) void attend(const qrow_t *rows, long real,
-                                                         const uint32_t *kp,
+                                                         const pair_t *kp,
                                                          const uint16_t *vp, long d,
                                                          float scale, float *work,
                                                          const int dv, const int rp) {
   float *o = work, *m = o + QR * d, *l = m + QR;
-  uint32_t *p = (uint32_t *)(l + QR);
+  pair_t *p = (pair_t *)(l + QR);
   for (int r = 0; r < QR; r++) m[r] = -INFINITY, l[r] = 0.0f;
   memset(o, 0, (size_t)(QR * d) * sizeof(float));
   long last = rows[real - 1].pos; /* rows ascend in position */
@@ -150,7 +154,7 @@ void prefill_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_
                             long context, long len, long nq, long nkv, long d, float scale,
                             float *scratch, uint16_t *out) {
   long group = nq / nkv, total = context + len, packed = (total + KB - 1) / KB * KB * d;
-  uint32_t *kp = (uint32_t *)scratch;
+  pair_t *kp = (pair_t *)scratch;
   uint16_t *vp = (uint16_t *)(scratch + packed / 2);
   float *work = scratch + packed;
   for (long h = 0; h < nkv; h++) {
@@ -162,7 +166,7 @@ void prefill_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_
       uint16_t *dst[QR];
       for (long r = 0; r < QR; r++) {
         long t = (row0 + (r < real ? r : 0)) / group, g = (row0 + (r < real ? r : 0)) % group;
-        rows[r].q = (const int32_t *)(q + t * q_stride + (h * group + g) * d);
+        rows[r].q = (const pair_t *)(q + t * q_stride + (h * group + g) * d);
         rows[r].pos = context + t;
         dst[r] = out + (t * nq + h * group + g) * d;
       }

@@ -29,8 +29,9 @@ static inline __m512 round_bf16(__m512 x) { /* fp32 -> nearest-even bf16 -> fp32
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
   r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
-  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x);
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); /* NaN: quieted, so its top 16 bits stay NaN */
+  __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
+  return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, _mm512_castsi512_ps(quiet));
 }
 
 static inline void store_bf16x16(uint16_t *p, __m512 x) { /* x already bf16-valued */
@@ -101,7 +102,10 @@ static inline const uint16_t *next_row(rows_t *r) {
   return row;
 }
 
-static inline __mmask16 first(long n) { return (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1); }
+/* the first n of 16 lanes (none for n <= 0) */
+static inline __mmask16 first(long n) {
+  return (__mmask16)(n <= 0 ? 0u : n >= 16 ? 0xffffu : (1u << n) - 1);
+}
 
 /* The kernels one file calls from another. */
 void linear_bf16(const uint16_t *x, long ldx, const uint16_t *w, const uint16_t *bias,
