@@ -152,9 +152,12 @@ def test_cleave_up_passes_the_deadline_to_every_server(tiny_model_dir: Path,
     with running_up(tiny_model_dir, tmp_path, prefill=0, decode=1,
                     extra_args=("--header-read-timeout", str(DEADLINE),
                                 "--autoscale", "--advisory")) as up:
-        metrics = re.search(r"autoscaler metrics on http://([\d.]+):(\d+)/metrics",
-                            up.log_text())
-        assert metrics is not None, up.log_text()[-2000:]
+        # The autoscaler's metrics server starts just after the "Cleave is up" banner.
+        pattern = r"autoscaler metrics on http://([\d.]+):(\d+)/metrics"
+        deadline = time.monotonic() + 30
+        while (metrics := re.search(pattern, up.log_text())) is None:
+            assert time.monotonic() < deadline, up.log_text()[-2000:]
+            time.sleep(0.1)
         targets = {"router": ("127.0.0.1", up.port),
                    "worker": ("127.0.0.1", up.workers()[0].port),
                    "metrics": (metrics[1], int(metrics[2]))}
