@@ -43,10 +43,10 @@ static void softmax_inplace(float *sc, long len) {
   }
 }
 
-/* o_r = bf16(sum_p prob_r[p] * v_p) for rows r < nr (<= 16 / dv) attending over the same
- * values, each value row converted once for them all; dv = d / 16 is a constant at each call
- * site, so the accumulators stay in registers. prob_r = prob + r * prob_stride (zero past a
- * row's own keys), o_r = o + r * o_stride. */
+/* o_r = bf16(sum_p prob_r[p] * v_p) for rows r < nr (<= 16 / dv: the query heads of one kv
+ * head) attending over the same values, each value row converted once for them all; dv = d / 16
+ * is a constant at each call site, so the accumulators stay in registers. prob_r = prob + r *
+ * prob_stride, o_r = o + r * o_stride. */
 static inline __attribute__((always_inline)) void weighted_values(
     const float *prob, long prob_stride, long nr, const uint16_t *vh, const int64_t *table,
     long bs, long len, const int dv, uint16_t *o, long o_stride) {

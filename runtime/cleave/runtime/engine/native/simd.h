@@ -29,7 +29,8 @@ static inline __m512 round_bf16(__m512 x) { /* fp32 -> nearest-even bf16 -> fp32
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
   r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
-  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); /* NaN: quieted, so its top 16 bits stay NaN */
+  /* NaN: quieted, so its top 16 bits stay NaN */
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
   return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, _mm512_castsi512_ps(quiet));
 }
