@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import functools
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
+from linear_micro import median_seconds
 
 from cleave.runtime.engine.dense.attention import gather, tiled_causal_attention
 from cleave.runtime.engine.native.kernels import Kernels, kernels
@@ -31,14 +30,8 @@ NQ, NKV, D, BS = 9, 3, 64, 16
 SCALE = 0.125
 
 
-def median_ms(fn: Callable[[], object], repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def median_ms(fn: Callable[[], object]) -> float:
+    return median_seconds(fn) * 1e3
 
 
 def exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int) -> torch.Tensor:
