@@ -28,7 +28,7 @@ from cleave.kv_store.redis_store import RedisBlockStore
 # The test modules here import their shared helpers from ``redis_store_support`` next to them.
 sys.path.append(str(Path(__file__).parent))
 
-from redis_store_support import FP, TIMEOUT, MakeStore, unique_namespace
+from redis_store_support import FP, HEALTHY_TIMEOUT, MakeStore, unique_namespace
 
 
 @pytest.fixture
@@ -59,8 +59,8 @@ async def make_store() -> AsyncIterator[MakeStore]:
 
     def make(url: str, *, namespace: str | None = None, fp: KVFingerprint = FP,
              **config: Any) -> RedisBlockStore:
-        config.setdefault("timeout_seconds", TIMEOUT)
-        config.setdefault("connect_timeout_seconds", TIMEOUT)
+        config.setdefault("timeout_seconds", HEALTHY_TIMEOUT)
+        config.setdefault("connect_timeout_seconds", HEALTHY_TIMEOUT)
         keys = KeySpace(namespace or unique_namespace(), fp.root_hash())
         store = RedisBlockStore(keys, RedisStoreConfig(url=url, **config))
         stores.append(store)

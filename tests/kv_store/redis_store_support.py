@@ -20,8 +20,13 @@ from cleave.kv_store.codec import BlockHeader, encode
 from cleave.kv_store.redis_store import RedisBlockStore
 from cleave.kv_store.store import EncodedBlock, StoredBlock, StoreUnavailable
 
+# Fault tests give the store this short timeout (``FAULT_TIMEOUTS``) and time how soon a call
+# gives up; tests against a healthy server use ``HEALTHY_TIMEOUT`` so a loaded CI box (the image
+# check runs beside the suite) cannot turn a slow read into a failure.
 TIMEOUT = 0.5
 SLACK = 0.5
+FAULT_TIMEOUTS = {"timeout_seconds": TIMEOUT, "connect_timeout_seconds": TIMEOUT}
+HEALTHY_TIMEOUT = 10.0
 BLOCK = 16
 SHAPE = (2, 2, 2, BLOCK, 8)  # layers, k/v, kv heads, tokens, head dim: 8 KiB of bf16
 REAL_SHAPE = (30, 2, 3, BLOCK, 64)  # SmolLM2-135M's layout: 720 KiB of bf16 per block

@@ -17,6 +17,7 @@ import redis
 from redis_servers import AUTH_PASSWORD, RedisServer, closed_port
 from redis_store_support import (
     BLOCK,
+    FAULT_TIMEOUTS,
     FP,
     SHAPE,
     SLACK,
@@ -116,7 +117,7 @@ async def test_auth_with_the_right_password(auth_redis_server: RedisServer,
 @pytest.mark.parametrize("password", [None, "wrong-password"])
 async def test_auth_failure_is_unavailable_not_a_hang(
         auth_redis_server: RedisServer, make_store: MakeStore, password: str | None) -> None:
-    store = make_store(auth_redis_server.url, password=password)
+    store = make_store(auth_redis_server.url, password=password, **FAULT_TIMEOUTS)
     blocks, _ = make_blocks(2, seed=14)
     hashes = [b.block_hash for b in blocks]
     before = {op: errors(op) for op in ("put", "get", "lookup", "delete")}
@@ -178,7 +179,7 @@ def test_repr_never_shows_a_password_given_as_a_url_query_parameter() -> None:
 
 async def test_killed_server_is_unavailable_quickly(fresh_redis_server: RedisServer,
                                                     make_store: MakeStore) -> None:
-    store = make_store(fresh_redis_server.url)
+    store = make_store(fresh_redis_server.url, **FAULT_TIMEOUTS)
     blocks, _ = make_blocks(3, seed=16)
     hashes = [b.block_hash for b in blocks]
     assert await store.put_many(blocks) == 3  # pooled connections are open
@@ -200,7 +201,7 @@ async def test_killed_server_is_unavailable_quickly(fresh_redis_server: RedisSer
 
 async def test_paused_server_times_out_then_the_same_store_recovers(
         fresh_redis_server: RedisServer, make_store: MakeStore) -> None:
-    store = make_store(fresh_redis_server.url)
+    store = make_store(fresh_redis_server.url, **FAULT_TIMEOUTS)
     blocks, tensors = make_blocks(4, seed=17)
     hashes = [b.block_hash for b in blocks]
     assert await store.put_many(blocks[:2]) == 2
@@ -226,7 +227,7 @@ async def test_server_never_started_is_unavailable(make_store: MakeStore, tmp_pa
                                                    transport: str) -> None:
     url = (f"redis://127.0.0.1:{closed_port()}/0" if transport == "tcp"
            else f"unix://{tmp_path}/absent.sock?db=0")
-    store = make_store(url)
+    store = make_store(url, **FAULT_TIMEOUTS)
     blocks, _ = make_blocks(2, seed=18)
     before = errors("put")
     await expect_unavailable(lambda: store.put_many(blocks))
@@ -249,7 +250,8 @@ def _big_blocks(n: int, size: int) -> list[EncodedBlock]:
 async def test_kill_mid_operation_ends_in_unavailable_or_a_result(
         fresh_redis_server: RedisServer, make_store: MakeStore, op: str) -> None:
     timeout = 5.0
-    store = make_store(fresh_redis_server.unix_url, timeout_seconds=timeout)
+    store = make_store(fresh_redis_server.unix_url, timeout_seconds=timeout,
+                       connect_timeout_seconds=TIMEOUT)
     blocks = _big_blocks(200, 256 << 10)
     hashes = [b.block_hash for b in blocks]
     if op == "get":
