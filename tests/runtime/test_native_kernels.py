@@ -142,6 +142,18 @@ def _exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     return (probs @ v.float().unsqueeze(1)).permute(2, 0, 1, 3).reshape(rows, nq, d)
 
 
+def _assert_two_roundings(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, visible: torch.Tensor, scale: float) -> None:
+    """Both attention kernels' error bound against fp32: fp32 scores and sums, and two bf16
+    roundings (relative error at most 2^-8 each): the probabilities for the values' product
+    (at most 2^-8 * sum_i p_i |v_i|) and the output; 1 % of slack for the fp32 sums and the
+    polynomial exp (~1e-6 relative)."""
+    exact = _exact_attention(q, k, v, visible, scale)
+    spread = _exact_attention(q, k, v.abs(), visible, scale)  # sum_i p_i |v_i|
+    bound = 2 ** -8 * (exact.abs() + spread) * 1.01 + 1e-5
+    assert ((got.float() - exact).abs() <= bound).all()
+
+
 def _keys(pool: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
     nkv, _, _, d = pool.shape
     return pool[:, table].reshape(nkv, -1, d)[:, :count]
@@ -162,10 +174,8 @@ def test_decode_attention_reads_the_pool_through_block_tables(d: int, nq: int) -
     got = NATIVE.decode_attention(q, k_pool, v_pool, tables, lengths, d ** -0.5)
     for s, length in enumerate(lengths.tolist()):
         k, v = _keys(k_pool, tables[s], length), _keys(v_pool, tables[s], length)
-        exact = _exact_attention(q[s:s + 1], k, v, torch.ones(1, length, dtype=torch.bool),
-                                 d ** -0.5)
-        # fp32 scores and sums, one bf16 rounding of the output
-        assert torch.allclose(got[s:s + 1].float(), exact, rtol=2 ** -7, atol=2e-3)
+        _assert_two_roundings(got[s:s + 1], q[s:s + 1], k, v,
+                              torch.ones(1, length, dtype=torch.bool), d ** -0.5)
 
 
 @needs_native
@@ -190,14 +200,8 @@ def test_prefill_attention_is_causal_over_context_and_chunk(context: int, length
     got = NATIVE.prefill_attention(q, k_pool, v_pool, table, context, 0.125)
     visible = torch.arange(total)[None, :] <= context + torch.arange(length)[:, None]
     k, v = _keys(k_pool, table, total), _keys(v_pool, table, total)
-    exact = _exact_attention(q, k, v, visible, 0.125)
-    spread = _exact_attention(q, k, v.abs(), visible, 0.125)  # sum_i p_i |v_i|
     assert got.shape == (length, nq, d)
-    # fp32 scores and sums; two bf16 roundings (relative error at most 2^-8 each): the
-    # probabilities for the values' product (at most 2^-8 * sum_i p_i |v_i|) and the output;
-    # 1 % of slack for the fp32 sums and the polynomial exp (~1e-6 relative)
-    bound = 2 ** -8 * (exact.abs() + spread) * 1.01 + 1e-5
-    assert ((got.float() - exact).abs() <= bound).all()
+    _assert_two_roundings(got, q, k, v, visible, 0.125)
     with pytest.raises(ValueError, match="cannot hold"):
         NATIVE.prefill_attention(q, k_pool, v_pool, table[:0], context, 0.125)
     assert NATIVE.prefill_attention(q[:0], k_pool, v_pool, table, context, 0.125).shape == (
