@@ -148,11 +148,14 @@ void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_p
                            long nkv, long d, float scale, float *scratch, uint16_t *out) {
   long group = nq / nkv, per = rows_per_pass(d);
   float inv[group];
-  for (long s = 0; s < seqs; s++) {
-    long len = lengths[s];
-    const int64_t *table = tables + s * table_width;
-    for (long h = 0; h < nkv; h++) {
-      const uint16_t *kh = k_pool + h * blocks * bs * d, *vh = v_pool + h * blocks * bs * d;
+  /* kv head outer: one head's blocks of sequences allocated one after another are then one
+   * forward stream the hardware prefetcher follows (32 sequences over 350 keys contiguous,
+   * 30 layers: 16 against 19 ms sequence outer; from cache 8 either way) */
+  for (long h = 0; h < nkv; h++) {
+    const uint16_t *kh = k_pool + h * blocks * bs * d, *vh = v_pool + h * blocks * bs * d;
+    for (long s = 0; s < seqs; s++) {
+      long len = lengths[s];
+      const int64_t *table = tables + s * table_width;
       scores(q + s * q_stride + h * group * d, group, kh, table, bs, d, len, scale, scratch);
       for (long g = 0; g < group; g++) inv[g] = exp_bf16_inplace(scratch + g * len, len);
       for (long g = 0; g < group; g += per) {
