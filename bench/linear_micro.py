@@ -1,12 +1,13 @@
-"""Microbench of the default model's (SmolLM2-135M) linear shapes: the native GEMV
-(engine/native/linear.c, where it runs) against F.linear in bf16 and fp32 and weights
+"""Microbench of the default model's (SmolLM2-135M) linear shapes: the native kernels where
+they run (engine/native/gemm.c over packed weights, which runs the layers; linear.c's
+row-major GEMV, which runs a tied LM head) against F.linear in bf16 and fp32 and weights
 prepacked for oneDNN (dense/linear.py), one thread, weights cycling over 30 distinct layers so
 they come from memory as in a decode step. The last line is JSON: per row count, each method's
-ms for all four shapes' 30 layers (a forward's GEMVs but the LM head), and the native kernel's
-speedup over the fastest oneDNN method: where it falls under 1 is dense/linear.py's
-NATIVE_MAX_ROWS.
+ms for all four shapes' 30 layers (a forward's linears but the LM head), and each native
+kernel's speedup over the fastest oneDNN method (the row-major one's falling under 1 is
+dense/linear.py's NATIVE_MAX_ROWS).
 
-    python bench/linear_micro.py [rows ...]     # default rows: 1 4 8 16 32 64
+    python bench/linear_micro.py [rows ...]     # default rows: 1 4 8 16 32 64 512
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from cleave.runtime.engine.dense.linear import cpu_packs_bf16
-from cleave.runtime.engine.native.kernels import kernels
+from cleave.runtime.engine.native.kernels import Kernels, kernels
 
 LAYERS = 30
 SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
@@ -52,6 +53,8 @@ def methods(rows: int, k: int, ws: list[torch.Tensor]) -> dict[str, Callable[[],
     native = kernels()
     if native is not None and k % 32 == 0:
         found["bf16 native"] = lambda: [native.linear(x, w) for w in ws]
+        packs = [(Kernels.pack(w), w.shape[0]) for w in ws]
+        found["bf16 native packed"] = lambda: [native.packed_linear(x, p, n) for p, n in packs]
     return found
 
 
@@ -60,7 +63,7 @@ def main() -> None:
     if not cpu_packs_bf16():
         print("this CPU has no native bf16 (AVX512-BF16/AMX): the engine uses F.linear here; "
               "only the unpacked methods run", flush=True)
-    rows_list = [int(r) for r in sys.argv[1:]] or [1, 4, 8, 16, 32, 64]
+    rows_list = [int(r) for r in sys.argv[1:]] or [1, 4, 8, 16, 32, 64, 512]
     totals: dict[int, dict[str, float]] = {rows: {} for rows in rows_list}
     for name, (n, k) in SHAPES.items():
         ws = [torch.randn(n, k, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
@@ -68,7 +71,7 @@ def main() -> None:
             for method, fn in methods(rows, k, ws).items():
                 s = median_seconds(fn)
                 totals[rows][method] = totals[rows].get(method, 0.0) + s * 1e3
-                print(f"{name:8s} rows={rows:3d} {method:15s} {s * 1e3:7.2f} ms "
+                print(f"{name:8s} rows={rows:3d} {method:18s} {s * 1e3:7.2f} ms "
                       f"{n * k * 2 * LAYERS / s / 1e9:6.1f} GB/s of bf16 weights", flush=True)
     print(json.dumps({"native_kernels": kernels() is not None, "rows": {
         rows: {**{m: round(v, 2) for m, v in t.items()}, **native_speedup(t)}
@@ -77,9 +80,11 @@ def main() -> None:
 
 def native_speedup(total_ms: dict[str, float]) -> dict[str, float]:
     onednn = [v for m, v in total_ms.items() if m.startswith("bf16") and "native" not in m]
-    if "bf16 native" not in total_ms or not onednn:
+    if not onednn:
         return {}
-    return {"native_speedup": round(min(onednn) / total_ms["bf16 native"], 2)}
+    return {f"{key}_speedup": round(min(onednn) / total_ms[method], 2)
+            for method, key in (("bf16 native", "native"), ("bf16 native packed", "packed"))
+            if method in total_ms}
 
 
 if __name__ == "__main__":

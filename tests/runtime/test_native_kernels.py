@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from cleave.runtime.engine.dense import linear as linear_module
-from cleave.runtime.engine.dense.linear import NATIVE_MAX_ROWS, Linear
 from cleave.runtime.engine.native import build as build_module
 from cleave.runtime.engine.native import kernels as kernels_module
 from cleave.runtime.engine.native.build import CPU_FLAGS, Built, build, cpu_flags, unavailable
@@ -59,70 +58,6 @@ def test_built_once_then_cached(tmp_path: Path) -> None:
     assert first.reason == "built" and second.reason == "cached"
     assert first.path == second.path and first.path is not None and first.path.exists()
     assert [p.name for p in tmp_path.iterdir()] == [first.path.name]  # no temporary left
-
-
-@needs_native
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16, 33])
-@pytest.mark.parametrize("biased", [False, True])
-def test_native_linear_is_onednn_to_the_rounding(rows: int, biased: bool) -> None:
-    assert NATIVE is not None
-    torch.manual_seed(rows)
-    weight = torch.randn(37, 96, dtype=torch.bfloat16)  # a ragged last tile of rows
-    bias = torch.randn(37, dtype=torch.bfloat16) if biased else None
-    wide = torch.randn(rows, 160, dtype=torch.bfloat16)
-    x = wide[:, 32:128]  # rows further apart than their width
-    got = NATIVE.linear(x, weight, bias)
-    onednn = F.linear(x, weight, bias)
-    exact = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-    assert got.shape == (rows, 37) and got.dtype == torch.bfloat16
-    # one bf16 rounding of an fp32 sum: within half a bf16 step (2^-8 relative) plus fp32 noise
-    assert torch.allclose(got.float(), exact, rtol=2 ** -8, atol=1e-3)
-    assert (got == onednn).float().mean() >= 0.95
-
-
-@needs_native
-def test_native_linear_rounds_to_nearest_even_and_keeps_specials() -> None:
-    assert NATIVE is not None
-    weight = torch.zeros(4, 32, dtype=torch.bfloat16)
-    weight[:, 0] = 1.0
-    x = torch.zeros(4, 32, dtype=torch.bfloat16)
-    # 1 + 2^-8 is halfway between two bf16 values: it rounds to the even one, 1.0
-    x[:, 0] = torch.tensor([1.0, float("inf"), float("nan"), -3.0]).to(torch.bfloat16)
-    bias = torch.tensor([2 ** -8, 0, 0, 0], dtype=torch.bfloat16)
-    got = NATIVE.linear(x, weight, bias)[:, 0]
-    assert got[0].item() == 1.0
-    assert got[1].item() == float("inf") and got[2].isnan() and got[3].item() == -3.0
-
-
-@needs_native
-def test_linear_runs_native_for_decode_rows_and_onednn_for_prefill(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    weight = torch.randn(64, 64, dtype=torch.bfloat16)
-    linear = Linear(weight)
-    assert linear.native is not None and not linear.packed and linear.weight is weight
-    calls: list[int] = []
-    real = Kernels.linear
-
-    def spy(self: Kernels, x: torch.Tensor, w: torch.Tensor,
-            b: torch.Tensor | None = None) -> torch.Tensor:
-        calls.append(x.shape[0])
-        return real(self, x, w, b)
-
-    monkeypatch.setattr(Kernels, "linear", spy)
-    for rows in (1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1):
-        x = torch.randn(rows, 64, dtype=torch.bfloat16)
-        assert torch.allclose(linear(x).float(), F.linear(x, weight).float(), rtol=0.02, atol=0.02)
-    assert calls == [1, NATIVE_MAX_ROWS]
-
-
-@pytest.mark.parametrize("weight", [
-    torch.randn(8, 64),  # fp32: its token identity with transformers is pinned
-    torch.randn(8, 80, dtype=torch.bfloat16),  # a width the 32-wide steps do not divide
-    torch.randn(64, 8, dtype=torch.bfloat16).T,  # not row-major
-])
-def test_weights_the_native_kernel_does_not_take(weight: torch.Tensor) -> None:
-    assert not Kernels.takes_linear(weight)
-    assert linear_module.native_for(weight) is None
 
 
 def _pool(nkv: int, blocks: int, bs: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,11 +1,14 @@
 """A linear layer that picks, per call, the fastest kernel measured for its shape.
 
-- bf16 on a CPU with AVX512-BF16, up to ``NATIVE_MAX_ROWS`` rows (decode): the native kernel
-  (native/linear.c), which streams the row-major weights at the core's read bandwidth where
-  oneDNN's bf16 inner product reached a third of it (bench/linear_micro.py). Its outputs match
-  oneDNN's bit for bit but for the order of fp32 sums (over 99.9 % of elements identical).
-- More rows (prefill) on the same weights: ``F.linear`` (oneDNN), compute-bound there, where it
-  ties with a prepacked weight; keeping one row-major copy serves both.
+- bf16 on a CPU with AVX512-BF16, a layer's own weight: packed once, at load, into the native
+  GEMM's panels (native/gemm.c) and run by it at every row count: it streams decode's weights
+  faster than the row-major GEMV below and beats oneDNN in prefill (bench/linear_micro.py), so
+  one packed copy serves both. Its outputs match oneDNN's bit for bit but for the order of fp32
+  sums.
+- The same CPU, a weight shared with another use (``prepack=False``: the LM head tied to the
+  embeddings, which must stay row-major for the lookup; a packed copy would cost vocab x
+  hidden more memory): the row-major native GEMV (native/linear.c) up to ``NATIVE_MAX_ROWS``
+  rows, ``F.linear`` (oneDNN) above.
 - bf16 on a CPU whose oneDNN takes packed bf16 but without the native kernels (no compiler,
   ``CLEAVE_NATIVE_KERNELS=0``): weights reordered once, at load, into oneDNN's blocked layout
   (``Tensor.to_mkldnn``, run by ``mkldnn._linear_pointwise``, as Inductor's CPU freezing
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 
 from cleave.runtime.engine.native.kernels import Kernels, kernels
 
-# Above this many rows oneDNN's compute-bound kernel wins (bench/linear_micro.py's crossover).
+# Above this many rows oneDNN beats the row-major GEMV (bench/linear_micro.py's crossover).
 NATIVE_MAX_ROWS = 32
 
 
@@ -32,7 +35,8 @@ def cpu_packs_bf16() -> bool:
 
 
 def packs(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` is prepacked: bf16 on a CPU whose oneDNN takes packed bf16."""
+    """Whether ``weight`` is prepacked for oneDNN: bf16 on a CPU whose oneDNN takes packed
+    bf16."""
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
             and cpu_packs_bf16())
 
@@ -44,22 +48,32 @@ def native_for(weight: torch.Tensor) -> Kernels | None:
 
 class Linear:
     """``x @ weight.T + bias`` for ``x [tokens, in]``. ``prepack=False`` keeps the weight as
-    given where it would be reordered for oneDNN (the LM head: tied to the embeddings it must
-    stay row-major for the lookup, and prepacked it gained nothing measurable)."""
+    given (the LM head: tied to the embeddings it must stay row-major for the lookup)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  prepack: bool = True) -> None:
         self.out_features, self.in_features = weight.shape
-        self._nbytes = weight.numel() * weight.element_size() + (
-            0 if bias is None else bias.numel() * bias.element_size())
         self.bias = bias
         self.native = native_for(weight)
+        # gemm.c's panels where the native kernels run and the weight is this layer's own
+        self.native_packed = prepack and self.native is not None
+        # oneDNN's blocked layout where they do not
         self.packed = prepack and self.native is None and packs(weight)
-        self.weight = weight.contiguous().to_mkldnn() if self.packed else weight
+        if self.native_packed:
+            self.weight = Kernels.pack(weight)
+        elif self.packed:
+            self.weight = weight.contiguous().to_mkldnn()
+        else:
+            self.weight = weight
+        self._nbytes = weight.numel() * weight.element_size() + (
+            0 if bias is None else bias.numel() * bias.element_size())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native is not None and x.shape[0] <= NATIVE_MAX_ROWS:
-            return self.native.linear(x, self.weight, self.bias)
+        if self.native is not None:
+            if self.native_packed:
+                return self.native.packed_linear(x, self.weight, self.out_features, self.bias)
+            if x.shape[0] <= NATIVE_MAX_ROWS:
+                return self.native.linear(x, self.weight, self.bias)
         if self.packed:
             out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
                 x, self.weight, self.bias, "none", [], "")

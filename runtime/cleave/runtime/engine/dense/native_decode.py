@@ -1,8 +1,8 @@
 """A decode step's layers run by the native kernels, one call per layer (native/layer.c
 ``decode_layer_bf16``), for Llama-shaped layers: pre-norms only, full rotary, plain causal
-attention, a dense SiLU MLP, one rank, bf16 on an AVX512-BF16 CPU. Other steps (prefill
-chunks, more than ``NATIVE_MAX_ROWS`` decodes) and other layers take the torch path, whose
-roundings the kernel keeps op for op."""
+attention, a dense SiLU MLP, one rank, bf16 on an AVX512-BF16 CPU, every linear packed for
+native/gemm.c. Steps with prefill chunks and other layers take the torch path, whose roundings
+the kernel keeps op for op."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from cleave.runtime.engine.dense.attention import AttentionConfig
-from cleave.runtime.engine.dense.linear import NATIVE_MAX_ROWS
 from cleave.runtime.engine.dense.mlp import DenseMLP
 from cleave.runtime.engine.dense.weights import LayerWeights
 from cleave.runtime.engine.native.kernels import Kernels, LayerArgs, check_indices
@@ -29,8 +28,8 @@ def layer_args(layer: LayerWeights, cfg: AttentionConfig, nq: int, nkv: int, d: 
             or layer.attn_out_norm is not None or layer.mlp_out_norm is not None
             or not isinstance(mlp, DenseMLP) or mlp.act is not F.silu
             or layer.attn_in_norm.gemma or layer.mlp_in_norm.gemma
-            or any(lin.native is None for lin in (layer.qkv, layer.o_proj, mlp.gate_up,
-                                                  mlp.down))
+            or not all(lin.native_packed for lin in (layer.qkv, layer.o_proj, mlp.gate_up,
+                                                     mlp.down))
             or layer.qkv.in_features % 16 or mlp.down.in_features % 16):
         return None
     hidden, inter = layer.qkv.in_features, mlp.down.in_features
@@ -59,7 +58,7 @@ class NativeDecode:
 
     @staticmethod
     def takes(batch: AttentionBatch, tokens: int) -> bool:
-        return not batch.prefills and 0 < tokens <= NATIVE_MAX_ROWS
+        return not batch.prefills and tokens > 0
 
     def run(self, h: torch.Tensor, batch: AttentionBatch, cos: torch.Tensor,
             sin: torch.Tensor, k_pool: list[torch.Tensor],

@@ -1,11 +1,12 @@
-"""ctypes bindings of the native kernels (linear.c, attention.c, prefill.c, layer.c), loaded
-once per process."""
+"""ctypes bindings of the native kernels (gemm.c, linear.c, attention.c, prefill.c, layer.c),
+loaded once per process."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import logging
+from typing import Any
 
 import torch
 
@@ -14,6 +15,7 @@ from cleave.runtime.engine.native.build import Built, build
 log = logging.getLogger(__name__)
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
+PANEL = 64  # gemm.c's NP: outputs a panel of a packed weight
 
 
 class LayerArgs(ctypes.Structure):
@@ -48,6 +50,9 @@ class Kernels:
         self._linear = lib.linear_bf16
         self._linear.argtypes = [_P, _L, _P, _P, _P, _L, _L, _L, _L]
         self._linear.restype = None
+        self._packed_linear = lib.packed_linear_bf16
+        self._packed_linear.argtypes = [_P, _L, _P, _P, _P, _L, _L, _L, _L]
+        self._packed_linear.restype = None
         self._attention = lib.decode_attention_bf16
         self._attention.argtypes = [_P, _L, _P, _P, _L, _L, _P, _L, _P, _L, _L, _L, _L,
                                     ctypes.c_float, _P, _P]
@@ -82,19 +87,42 @@ class Kernels:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ weight.T + bias`` for ``x [rows, in]`` (bf16)."""
-        rows, width = x.shape
-        out_features = weight.shape[0]
+        """``x @ weight.T + bias`` for ``x [rows, in]`` (bf16) over a row-major ``weight``
+        (linear.c: a weight shared with another use, the tied LM head)."""
+        return self._run(self._linear, x, weight, weight.shape[0], weight.shape[1], bias)
+
+    @staticmethod
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        """A row-major ``weight [out, in]`` (:meth:`takes_linear`) in gemm.c's panels,
+        ``[ceil(out / 64), in / 2, 64, 2]``, zero rows padding the last panel."""
+        out_features, width = weight.shape
+        padded = torch.nn.functional.pad(weight, (0, 0, 0, -out_features % PANEL))
+        return padded.view(-1, PANEL, width // 2, 2).transpose(1, 2).contiguous()
+
+    def packed_linear(self, x: torch.Tensor, packed: torch.Tensor, out_features: int,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T + bias`` for ``x [rows, in]`` (bf16), ``packed`` = :meth:`pack`
+        (weight) of a weight with ``out_features`` rows; any row count (gemm.c)."""
+        panels, half, panel, _ = packed.shape
+        if panel != PANEL or panels != -(-out_features // PANEL):
+            raise ValueError(f"packed_linear: {tuple(packed.shape)} is no packing of "
+                             f"{out_features} outputs")
+        return self._run(self._packed_linear, x, packed, out_features, 2 * half, bias)
+
+    @staticmethod
+    def _run(kernel: Any, x: torch.Tensor, weight: torch.Tensor, out_features: int,
+             width: int, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.shape[0]
         if x.stride(1) != 1:
             x = x.contiguous()
-        if x.dtype != torch.bfloat16 or width != weight.shape[1]:
+        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != width:
             raise ValueError(f"linear: x {tuple(x.shape)} {x.dtype} stride {x.stride()} "
                              f"against weight {tuple(weight.shape)}")
         y = torch.empty(rows, out_features, dtype=torch.bfloat16)
         bias = None if bias is None else bias.contiguous()  # held until the call returns
-        self._linear(x.data_ptr(), x.stride(0), weight.data_ptr(),
-                     None if bias is None else bias.data_ptr(),
-                     y.data_ptr(), out_features, rows, out_features, width)
+        kernel(x.data_ptr(), x.stride(0), weight.data_ptr(),
+               None if bias is None else bias.data_ptr(),
+               y.data_ptr(), out_features, rows, out_features, width)
         return y
 
     @staticmethod

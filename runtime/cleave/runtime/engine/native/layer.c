@@ -14,6 +14,7 @@ static inline __m512 exp_any(__m512 x) { /* e^x, |x| <= 88 after clamping */
 typedef struct {
   long hidden, nq, nkv, d, inter;
   float eps, scale;
+  /* qkv, o, gate_up, down: packed (gemm.c) */
   const uint16_t *in_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
 } layer_t;
 
@@ -83,7 +84,7 @@ void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t 
   uint16_t *xn = bbuf, *qkv = xn + rows * H, *attn = qkv + rows * width,
            *gu = attn + rows * nq * d, *act = gu + rows * 2 * I, *out = xn;
   rms_norm_bf16(h, L->in_norm, xn, rows, H, L->eps);
-  linear_bf16(xn, H, L->qkv, L->qkv_bias, qkv, width, rows, width, H);
+  packed_linear_bf16(xn, H, L->qkv, L->qkv_bias, qkv, width, rows, width, H);
   for (long r = 0; r < rows; r++) {
     uint16_t *row = qkv + r * width;
     rotate(row, cos + r * d, sin + r * d, nq + nkv, d); /* q and k heads are adjacent */
@@ -95,11 +96,11 @@ void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t 
   }
   decode_attention_bf16(qkv, width, k_pool, v_pool, blocks, bs, tables, table_width, lengths,
                         rows, nq, nkv, d, L->scale, fbuf, attn);
-  linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d);
+  packed_linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d);
   add_into(h, out, rows * H);
   rms_norm_bf16(h, L->post_norm, xn, rows, H, L->eps);
-  linear_bf16(xn, H, L->gate_up, NULL, gu, 2 * I, rows, 2 * I, H);
+  packed_linear_bf16(xn, H, L->gate_up, NULL, gu, 2 * I, rows, 2 * I, H);
   silu_mul_bf16(gu, act, rows, I);
-  linear_bf16(act, I, L->down, NULL, out, H, rows, H, I);
+  packed_linear_bf16(act, I, L->down, NULL, out, H, rows, H, I);
   add_into(h, out, rows * H);
 }

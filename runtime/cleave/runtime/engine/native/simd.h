@@ -109,8 +109,8 @@ static inline __mmask16 first(long n) {
 }
 
 /* The kernels one file calls from another. */
-void linear_bf16(const uint16_t *x, long ldx, const uint16_t *w, const uint16_t *bias,
-                 uint16_t *y, long ldy, long M, long N, long K);
+void packed_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const uint16_t *bias,
+                        uint16_t *y, long ldy, long M, long N, long K);
 void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_pool,
                            const uint16_t *v_pool, long blocks, long bs, const int64_t *tables,
                            long table_width, const int64_t *lengths, long seqs, long nq,

@@ -1,0 +1,97 @@
+/* packed_linear_bf16: y = x @ w.T (+ bias) over w packed once, at load, into panels of 64
+ * outputs, each [K/2][64][2]: for every pair of inputs, the 64 outputs' weight pairs side by
+ * side (kernels.py packs). One VDPBF16PS then adds a broadcast pair of x to 16 outputs at
+ * once, so a block of up to 6 rows of x against a panel (24 accumulators) needs no horizontal
+ * sums, and every weight byte is read once per block of rows in address order.
+ *
+ * It serves every row count (bench/linear_micro.py, one thread, a forward's four shapes over
+ * 30 layers): 1-6 rows stream the weights at 21 GB/s where linear.c's row-major 4x4 tiles
+ * reached 14-17 (their horizontal sums and the tile's epilogue cost at these short K); 32 rows
+ * 170 GFLOP/s against 135; 512 rows (prefill) 206 against oneDNN's 193, so one packed copy
+ * replaces both the row-major weight and oneDNN for the layers' linears. Products are bf16 x
+ * bf16 summed in fp32, rounded once to bf16 (nearest even), as oneDNN; only the order of the
+ * fp32 sums differs. */
+#include "simd.h"
+
+#define NP 64   /* outputs a panel */
+#define MR 6    /* rows of x a block: 24 accumulators, 4 weight vectors, 1 broadcast */
+
+/* Where the next panel is fetched into L2 while this one is computed: ``lines`` lines of it a
+ * pair of inputs, from ``at`` up to ``end``. Every block carries it on, so the next panel
+ * arrives over the whole of this one's work (from the first block alone, 8 rows took 16 ms a
+ * forward's linears against 11). Up to 4 rows fetch nothing: the hardware prefetcher follows
+ * their one forward stream best (1 row: 11.1-11.7 ms against 12.2-13.0 with the next panel
+ * fetched, 12.3-13.5 fetching 1 KB ahead into L1). */
+typedef struct {
+  const char *at, *end;
+  int lines;
+} ahead_t;
+
+/* rows [0, mr) of x against one panel: y[m, n0 + n] for n < min(64, N - n0) */
+static inline __attribute__((always_inline)) void block(
+    const uint16_t *x, long ldx, const uint16_t *w, long K, const uint16_t *bias, long n0,
+    long N, uint16_t *y, long ldy, const int mr, ahead_t *pf) {
+  __m512 acc[MR][4];
+  for (int m = 0; m < mr; m++)
+    for (int j = 0; j < 4; j++) acc[m][j] = _mm512_setzero_ps();
+  for (long k2 = 0; k2 < K / 2; k2++, w += 2 * NP) {
+    for (int l = 0; l < pf->lines && pf->at < pf->end; l++, pf->at += 64)
+      _mm_prefetch(pf->at, _MM_HINT_T1);
+    __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32),
+             w2 = (__m512bh)_mm512_loadu_si512(w + 64), w3 = (__m512bh)_mm512_loadu_si512(w + 96);
+    for (int m = 0; m < mr; m++) {
+      uint32_t pair;
+      memcpy(&pair, x + m * ldx + 2 * k2, 4);
+      __m512bh xb = (__m512bh)_mm512_set1_epi32((int)pair);
+      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], w0, xb);
+      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], w1, xb);
+      acc[m][2] = _mm512_dpbf16_ps(acc[m][2], w2, xb);
+      acc[m][3] = _mm512_dpbf16_ps(acc[m][3], w3, xb);
+    }
+  }
+  for (int j = 0; j < 4 && n0 + 16 * j < N; j++) {
+    long n = n0 + 16 * j;
+    __mmask16 keep = first(N - n);
+    __m512 b = _mm512_setzero_ps();
+    if (bias)
+      b = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + n)), 16));
+    for (int m = 0; m < mr; m++) {
+      __m512 r = round_bf16(_mm512_add_ps(acc[m][j], b));
+      _mm256_mask_storeu_epi16(y + m * ldy + n, keep, _mm512_cvtepi32_epi16(
+          _mm512_srli_epi32(_mm512_castps_si512(r), 16)));
+    }
+  }
+}
+
+/* y[m * ldy + n] = sum_k x[m * ldx + k] * w[n, k] + bias[n] for m < M, n < N, w packed as
+ * above (N rounded up to whole panels, zero-padded); bias may be NULL; K even. */
+void packed_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const uint16_t *bias,
+                        uint16_t *y, long ldy, long M, long N, long K) {
+  long panels = (N + NP - 1) / NP, panel = K * NP;
+  /* rows in even blocks of at most MR (8 rows: 4 + 4, not 6 + 2) */
+  long nblocks = (M + MR - 1) / MR;
+  for (long p = 0; p < panels; p++) {
+    const uint16_t *w = wp + p * panel;
+    const char *next = (const char *)(w + panel);
+    /* a panel is 4 lines a pair of inputs: 4, 2, 2, 1, 1... of them a block */
+    ahead_t pf = {next, p + 1 < panels ? next + 2 * panel : next,
+                  M <= 4 ? 0 : (int)((4 + nblocks - 1) / nblocks)};
+    long m = 0;
+    for (long b = 0; b < nblocks; b++) {
+      int mr = (int)(M / nblocks + (b < M % nblocks));
+      const uint16_t *xb = x + m * ldx;
+      uint16_t *yb = y + m * ldy;
+      long n0 = p * NP;
+      switch (mr) {
+        case 6: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 6, &pf); break;
+        case 5: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 5, &pf); break;
+        case 4: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 4, &pf); break;
+        case 3: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 3, &pf); break;
+        case 2: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 2, &pf); break;
+        default: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 1, &pf); break;
+      }
+      m += mr;
+    }
+  }
+}
