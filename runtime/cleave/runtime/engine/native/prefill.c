@@ -22,11 +22,11 @@ typedef uint32_t pair_t __attribute__((may_alias, aligned(2)));
 enum { KB = 32, QR = 12 }; /* keys per block; query rows per block */
 
 /* Floats of prefill_attention_bf16's scratch for ``keys`` keys of head width d: the packed
- * keys and values of one kv head, then the running sums, probabilities and maxima of one
- * block of query rows. */
+ * keys and values of one kv head, then one block of query rows' running sums of values, maxima,
+ * sums of probabilities (16 lanes a row) and probabilities. */
 long prefill_attention_scratch(long keys, long d) {
   long blocks = (keys + KB - 1) / KB;
-  return blocks * KB * d + QR * d + QR * KB / 2 + 2 * QR;
+  return blocks * KB * d + QR * d + QR + 16 * QR + QR * KB / 2;
 }
 
 /* kp[(b * d/2 + c) * KB + j] = key b KB + j's dimensions 2c, 2c+1 (one 32-bit pair);
@@ -60,8 +60,10 @@ typedef struct {
 } qrow_t;
 
 /* scores of the QR rows over key block kb, scaled, then the online softmax: each row's
- * running max m and sum l, its sums o rescaled when m grows, and its probabilities for this
- * block as bf16 pairs in p (QR rows of KB/2 pairs). */
+ * running max m and sum l (16 lanes, added up at the end), its sums o rescaled when m grows,
+ * and its probabilities for this block as bf16 pairs in p (QR rows of KB/2 pairs). l adds up
+ * the rounded pairs with one VDPBF16PS against ones, exactly (x 1.0, fp32 sums), where
+ * rounding each half and adding lanes across cost a tenth of the block's instructions. */
 static inline __attribute__((always_inline)) void block_probs(
     const qrow_t *rows, const pair_t *kb, long half, long first_key, float scale, float *m,
     float *l, float *o, long d, pair_t *p) {
@@ -78,6 +80,7 @@ static inline __attribute__((always_inline)) void block_probs(
     }
   }
   __m512 vscale = _mm512_set1_ps(scale);
+  const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80); /* bf16 1.0 */
   for (int r = 0; r < QR; r++) {
     long seen = rows[r].pos - first_key + 1; /* keys of this block the row sees */
     __mmask16 lo = first(seen), hi = first(seen - 16);
@@ -87,8 +90,8 @@ static inline __attribute__((always_inline)) void block_probs(
                                                   _mm512_mask_mov_ps(ninf, hi, x1)));
     if (mx > m[r]) { /* a new max: rescale what was summed under the old one */
       float alpha = expf(m[r] - mx);
-      l[r] *= alpha;
       __m512 va = _mm512_set1_ps(alpha);
+      _mm512_storeu_ps(l + 16 * r, _mm512_mul_ps(_mm512_loadu_ps(l + 16 * r), va));
       for (long c = 0; c < d; c += 16)
         _mm512_storeu_ps(o + r * d + c, _mm512_mul_ps(_mm512_loadu_ps(o + r * d + c), va));
       m[r] = mx;
@@ -96,8 +99,9 @@ static inline __attribute__((always_inline)) void block_probs(
     __m512 vm = _mm512_set1_ps(m[r]);
     __m512 p0 = _mm512_maskz_mov_ps(lo, exp_nonpositive_or_small(_mm512_sub_ps(x0, vm)));
     __m512 p1 = _mm512_maskz_mov_ps(hi, exp_nonpositive_or_small(_mm512_sub_ps(x1, vm)));
-    l[r] += _mm512_reduce_add_ps(_mm512_add_ps(round_bf16(p0), round_bf16(p1)));
-    _mm512_storeu_si512(p + r * (KB / 2), (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+    __m512bh pb = _mm512_cvtne2ps_pbh(p1, p0);
+    _mm512_storeu_si512(p + r * (KB / 2), (__m512i)pb);
+    _mm512_storeu_ps(l + 16 * r, _mm512_dpbf16_ps(_mm512_loadu_ps(l + 16 * r), pb, ones));
   }
 }
 
@@ -133,9 +137,10 @@ static inline __attribute__((always_inline)) void attend(const qrow_t *rows, lon
                                                          float scale, float *work,
                                                          const int dv, const int rp) {
   float *o = work, *m = o + QR * d, *l = m + QR;
-  pair_t *p = (pair_t *)(l + QR);
-  for (int r = 0; r < QR; r++) m[r] = -INFINITY, l[r] = 0.0f;
+  pair_t *p = (pair_t *)(l + 16 * QR);
+  for (int r = 0; r < QR; r++) m[r] = -INFINITY;
   memset(o, 0, (size_t)(QR * d) * sizeof(float));
+  memset(l, 0, (size_t)(16 * QR) * sizeof(float));
   long last = rows[real - 1].pos; /* rows ascend in position */
   for (long b = 0; b * KB <= last; b++) {
     block_probs(rows, kp + b * (d / 2) * KB, d / 2, b * KB, scale, m, l, o, d, p);
@@ -178,7 +183,7 @@ void prefill_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_
       }
       const float *o = work, *l = work + QR * d + QR;
       for (long r = 0; r < real; r++) {
-        __m512 inv = _mm512_set1_ps(1.0f / l[r]);
+        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_loadu_ps(l + 16 * r)));
         for (long c = 0; c < d; c += 16)
           store_bf16x16(dst[r] + c, round_bf16(_mm512_mul_ps(_mm512_loadu_ps(o + r * d + c), inv)));
       }
