@@ -1,44 +1,35 @@
-"""The native linear kernels: the packed GEMM (native/gemm.c) that runs a layer's own weights
-at every row count, and the row-major GEMV (native/linear.c) that runs a tied LM head; which
-one Linear picks, and that both are oneDNN's to the rounding."""
+"""The native GEMM over packed weights (native/gemm.c): that Linear runs it at every row count,
+that it is oneDNN's to the rounding, and that a tied LM head's embeddings are looked up out of
+its packing."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from cleave.runtime.engine.dense import linear as linear_module
-from cleave.runtime.engine.dense.linear import NATIVE_MAX_ROWS, Linear
+from cleave.runtime.engine.dense.linear import Linear
 from cleave.runtime.engine.native.kernels import PANEL, Kernels, kernels
 
 NATIVE = kernels()
 needs_native = pytest.mark.skipif(
     NATIVE is None, reason="native kernels unavailable here (see build().reason)")
 
-Run = Callable[[Kernels, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-KERNELS: dict[str, Run] = {
-    "packed": lambda k, x, w, b: k.packed_linear(x, Kernels.pack(w), w.shape[0], b),
-    "row-major": lambda k, x, w, b: k.linear(x, w, b),
-}
-
 
 @needs_native
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 33, 100])
 @pytest.mark.parametrize("biased", [False, True])
-def test_native_linear_is_onednn_to_the_rounding(kernel: str, rows: int, biased: bool) -> None:
-    """130 outputs: a ragged last panel of 64 and a ragged last tile of 4; row counts that
-    split into uneven blocks of at most 6."""
+def test_native_linear_is_onednn_to_the_rounding(rows: int, biased: bool) -> None:
+    """130 outputs: a ragged last panel of 64; row counts that split into uneven blocks of at
+    most 6, and up to 4 rows (no software prefetch) against more."""
     assert NATIVE is not None
     torch.manual_seed(rows)
     weight = torch.randn(130, 96, dtype=torch.bfloat16)
     bias = torch.randn(130, dtype=torch.bfloat16) if biased else None
     wide = torch.randn(rows, 160, dtype=torch.bfloat16)
     x = wide[:, 32:128]  # rows further apart than their width
-    got = KERNELS[kernel](NATIVE, x, weight, bias)
+    got = NATIVE.packed_linear(x, Kernels.pack(weight), 130, bias)
     onednn = F.linear(x, weight, bias)
     exact = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
     assert got.shape == (rows, 130) and got.dtype == torch.bfloat16
@@ -48,8 +39,7 @@ def test_native_linear_is_onednn_to_the_rounding(kernel: str, rows: int, biased:
 
 
 @needs_native
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_native_linear_rounds_to_nearest_even_and_keeps_specials(kernel: str) -> None:
+def test_native_linear_rounds_to_nearest_even_and_keeps_specials() -> None:
     assert NATIVE is not None
     weight = torch.zeros(4, 32, dtype=torch.bfloat16)
     weight[:, 0] = 1.0
@@ -57,7 +47,7 @@ def test_native_linear_rounds_to_nearest_even_and_keeps_specials(kernel: str) ->
     # 1 + 2^-8 is halfway between two bf16 values: it rounds to the even one, 1.0
     x[:, 0] = torch.tensor([1.0, float("inf"), float("nan"), -3.0]).to(torch.bfloat16)
     bias = torch.tensor([2 ** -8, 0, 0, 0], dtype=torch.bfloat16)
-    got = KERNELS[kernel](NATIVE, x, weight, bias)[:, 0]
+    got = NATIVE.packed_linear(x, Kernels.pack(weight), 4, bias)[:, 0]
     assert got[0].item() == 1.0
     assert got[1].item() == float("inf") and got[2].isnan() and got[3].item() == -3.0
 
@@ -70,6 +60,12 @@ def test_packing_puts_each_outputs_input_pairs_side_by_side() -> None:
         for k in range(4):
             assert packed[n // PANEL, k // 2, n % PANEL, k % 2] == weight[n, k]
     assert not packed[1, :, 6:].any()  # the padding rows are zeros
+    ids = torch.tensor([69, 0, 64, 5, 5])
+    assert torch.equal(Kernels.rows(packed, ids, 70), weight[ids])
+    assert Kernels.rows(packed, ids[:0], 70).shape == (0, 4)
+    for bad in (70, 127, -1):  # past the vocabulary, into the padding, negative
+        with pytest.raises(IndexError, match=r"in \[0, 70\)"):
+            Kernels.rows(packed, torch.tensor([3, bad]), 70)
 
 
 @needs_native
@@ -82,36 +78,44 @@ def test_a_packing_of_another_shape_is_refused() -> None:
         NATIVE.packed_linear(torch.zeros(1, 64, dtype=torch.bfloat16), packed, 64)
 
 
-def _spy(monkeypatch: pytest.MonkeyPatch, name: str, calls: list[tuple[str, int]]) -> None:
-    real = getattr(Kernels, name)
+@needs_native
+def test_linear_runs_packed_at_every_row_count_and_looks_up_its_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = torch.randn(100, 64, dtype=torch.bfloat16)
+    for layer in (Linear(weight), Linear(weight, prepack=False)):
+        assert layer.native is not None and not layer.packed
+        assert layer.weight.shape == (2, 32, PANEL, 2)  # no row-major copy kept
+        assert layer.nbytes() == 100 * 64 * 2
+        ids = torch.tensor([99, 0, 42])
+        assert torch.equal(layer.lookup(ids), weight[ids])
+    calls: list[int] = []
+    real = Kernels.packed_linear
 
     def spy(self: Kernels, x: torch.Tensor, *args: object) -> torch.Tensor:
-        calls.append((name, x.shape[0]))
-        out: torch.Tensor = real(self, x, *args)
+        calls.append(x.shape[0])
+        out: torch.Tensor = real(self, x, *args)  # type: ignore[arg-type]
         return out
 
-    monkeypatch.setattr(Kernels, name, spy)
-
-
-@needs_native
-def test_own_weights_run_packed_at_every_row_count_and_a_tied_head_row_major(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    weight = torch.randn(64, 64, dtype=torch.bfloat16)
-    own, head = Linear(weight), Linear(weight, prepack=False)
-    assert own.native_packed and not own.packed and own.weight.shape == (1, 32, PANEL, 2)
-    assert not head.native_packed and head.weight is weight  # the embeddings stay row-major
-    assert own.nbytes() == head.nbytes() == 64 * 64 * 2
-    calls: list[tuple[str, int]] = []
-    _spy(monkeypatch, "packed_linear", calls)
-    _spy(monkeypatch, "linear", calls)
-    for rows in (1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 512):
+    monkeypatch.setattr(Kernels, "packed_linear", spy)
+    for rows in (1, 32, 33, 512):
         x = torch.randn(rows, 64, dtype=torch.bfloat16)
-        for layer in (own, head):
-            assert torch.allclose(layer(x).float(), F.linear(x, weight).float(), rtol=0.02,
-                                  atol=0.02)
-    assert calls == [("packed_linear", 1), ("linear", 1),
-                     ("packed_linear", NATIVE_MAX_ROWS), ("linear", NATIVE_MAX_ROWS),
-                     ("packed_linear", NATIVE_MAX_ROWS + 1), ("packed_linear", 512)]
+        assert torch.allclose(layer(x).float(), F.linear(x, weight).float(), rtol=0.02,
+                              atol=0.02)
+    assert calls == [1, 32, 33, 512]
+
+
+def test_a_weight_in_onednns_layout_has_no_rows_to_look_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_module, "native_for", lambda weight: None)
+    monkeypatch.setattr(linear_module, "packs", lambda weight: True)
+    weight = torch.randn(96, 64, dtype=torch.bfloat16)
+    if not linear_module.cpu_packs_bf16():
+        pytest.skip("this CPU's oneDNN has no packed bf16 layout")
+    assert Linear(weight).packed
+    with pytest.raises(ValueError, match="no rows to look up"):
+        Linear(weight).lookup(torch.tensor([1]))
+    head = Linear(weight, prepack=False)  # how the decoder builds its LM head
+    assert not head.packed and torch.equal(head.lookup(torch.tensor([1, 95])), weight[[1, 95]])
 
 
 @pytest.mark.parametrize("weight", [
@@ -122,4 +126,6 @@ def test_own_weights_run_packed_at_every_row_count_and_a_tied_head_row_major(
 def test_weights_the_native_kernel_does_not_take(weight: torch.Tensor) -> None:
     assert not Kernels.takes_linear(weight)
     assert linear_module.native_for(weight) is None
-    assert not Linear(weight).native_packed
+    layer = Linear(weight, prepack=False)
+    assert layer.native is None and layer.weight is weight
+    assert torch.equal(layer.lookup(torch.tensor([7, 0])), weight[[7, 0]])

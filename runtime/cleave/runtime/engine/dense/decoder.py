@@ -57,13 +57,15 @@ class PagedDecoder:
         def w(name: str) -> torch.Tensor:
             return state[name].to(device=device, dtype=dtype).contiguous()
 
-        self.embed = w("model.embed_tokens.weight")
         # Gemma rounds sqrt(hidden) to the activation dtype before multiplying.
         self.embed_scale = (None if spec.embed_scale is None
                             else torch.tensor(spec.embed_scale, dtype=dtype, device=device))
         self.final_norm = RMSNorm(w("model.norm.weight"), spec.rms_norm_eps, spec.norm_offset)
-        self.lm_head = self.embed if spec.shape.tie_word_embeddings else w("lm_head.weight")
-        self.head = Linear(self.lm_head, prepack=False)
+        # tied: the embeddings are the head's rows, looked up in whatever layout it keeps them
+        tied = spec.shape.tie_word_embeddings
+        self.head = Linear(w("model.embed_tokens.weight" if tied else "lm_head.weight"),
+                           prepack=False)
+        self.embed = None if tied else w("model.embed_tokens.weight")
         self.layers: list[LayerWeights] = [load_layer(spec, i, w, self.act, shard)
                                            for i in range(spec.shape.num_layers)]
         self._tables: dict[RopeSpec, RotaryTable] = {}
@@ -100,15 +102,16 @@ class PagedDecoder:
         return self.shape.kv_layout
 
     def weight_bytes(self) -> int:
-        total = self.embed.numel() * self.embed.element_size() + self.final_norm.nbytes()
-        if self.lm_head is not self.embed:
-            total += self.lm_head.numel() * self.lm_head.element_size()
+        total = self.head.nbytes() + self.final_norm.nbytes()
+        if self.embed is not None:
+            total += self.embed.numel() * self.embed.element_size()
         return total + sum(layer.nbytes() for layer in self.layers)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: AttentionBatch,
                 k_pool: list[torch.Tensor], v_pool: list[torch.Tensor]) -> torch.Tensor:
-        h = F.embedding(input_ids, self.embed)
+        h = (self.head.lookup(input_ids) if self.embed is None
+             else F.embedding(input_ids, self.embed))
         if self.embed_scale is not None:
             h = h * self.embed_scale
         rotary = {key: table.at(batch.positions) for key, table in self._tables.items()}

@@ -1,18 +1,16 @@
-"""A linear layer that picks, per call, the fastest kernel measured for its shape.
+"""A linear layer that picks the fastest kernel measured for its weight.
 
-- bf16 on a CPU with AVX512-BF16, a layer's own weight: packed once, at load, into the native
-  GEMM's panels (native/gemm.c) and run by it at every row count: it streams decode's weights
-  faster than the row-major GEMV below and beats oneDNN in prefill (bench/linear_micro.py), so
-  one packed copy serves both. Its outputs match oneDNN's bit for bit but for the order of fp32
-  sums.
-- The same CPU, a weight shared with another use (``prepack=False``: the LM head tied to the
-  embeddings, which must stay row-major for the lookup; a packed copy would cost vocab x
-  hidden more memory): the row-major native GEMV (native/linear.c) up to ``NATIVE_MAX_ROWS``
-  rows, ``F.linear`` (oneDNN) above.
+- bf16 on a CPU with AVX512-BF16: the weight packed once, at load, into the native GEMM's
+  panels (native/gemm.c), which runs every row count: it streams decode's weights faster than
+  a row-major GEMV did and beats oneDNN in prefill (bench/linear_micro.py), so one packed copy
+  serves both. Its outputs match oneDNN's bit for bit but for the order of fp32 sums. A tied
+  LM head is packed too: the embedding lookup reads its rows out of the panels
+  (:meth:`Linear.lookup`), so no row-major copy is kept.
 - bf16 on a CPU whose oneDNN takes packed bf16 but without the native kernels (no compiler,
   ``CLEAVE_NATIVE_KERNELS=0``): weights reordered once, at load, into oneDNN's blocked layout
   (``Tensor.to_mkldnn``, run by ``mkldnn._linear_pointwise``, as Inductor's CPU freezing
-  emits), 1.3-1.7x ``F.linear`` in decode with the same bits.
+  emits), 1.3-1.7x ``F.linear`` in decode with the same bits; not for the LM head, whose rows
+  a tied model looks up.
 - Elsewhere (fp32, whose token identity with transformers the tests pin; CUDA; AVX2 only;
   more than one torch thread, which the native kernels do not use): ``F.linear``.
 """
@@ -23,9 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from cleave.runtime.engine.native.kernels import Kernels, kernels
-
-# Above this many rows oneDNN beats the row-major GEMV (bench/linear_micro.py's crossover).
-NATIVE_MAX_ROWS = 32
 
 
 def cpu_packs_bf16() -> bool:
@@ -47,19 +42,17 @@ def native_for(weight: torch.Tensor) -> Kernels | None:
 
 
 class Linear:
-    """``x @ weight.T + bias`` for ``x [tokens, in]``. ``prepack=False`` keeps the weight as
-    given (the LM head: tied to the embeddings it must stay row-major for the lookup)."""
+    """``x @ weight.T + bias`` for ``x [tokens, in]``. ``prepack=False`` keeps oneDNN's layout
+    out (the LM head: tied to the embeddings its rows are looked up, and that layout gained
+    nothing measurable there)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  prepack: bool = True) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.native = native_for(weight)
-        # gemm.c's panels where the native kernels run and the weight is this layer's own
-        self.native_packed = prepack and self.native is not None
-        # oneDNN's blocked layout where they do not
-        self.packed = prepack and self.native is None and packs(weight)
-        if self.native_packed:
+        self.packed = prepack and self.native is None and packs(weight)  # oneDNN's layout
+        if self.native is not None:
             self.weight = Kernels.pack(weight)
         elif self.packed:
             self.weight = weight.contiguous().to_mkldnn()
@@ -70,15 +63,21 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            if self.native_packed:
-                return self.native.packed_linear(x, self.weight, self.out_features, self.bias)
-            if x.shape[0] <= NATIVE_MAX_ROWS:
-                return self.native.linear(x, self.weight, self.bias)
+            return self.native.packed_linear(x, self.weight, self.out_features, self.bias)
         if self.packed:
             out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
                 x, self.weight, self.bias, "none", [], "")
             return out
         return F.linear(x, self.weight, self.bias)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the weight, ``[len(ids), in]``: a tied LM head's embeddings."""
+        if self.packed:
+            raise ValueError("Linear.lookup: oneDNN's layout has no rows to look up "
+                             "(build a looked-up weight with prepack=False)")
+        if self.native is not None:
+            return Kernels.rows(self.weight, ids, self.out_features)
+        return F.embedding(ids, self.weight)
 
     def nbytes(self) -> int:
         return self._nbytes

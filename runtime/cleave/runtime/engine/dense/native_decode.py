@@ -28,8 +28,8 @@ def layer_args(layer: LayerWeights, cfg: AttentionConfig, nq: int, nkv: int, d: 
             or layer.attn_out_norm is not None or layer.mlp_out_norm is not None
             or not isinstance(mlp, DenseMLP) or mlp.act is not F.silu
             or layer.attn_in_norm.gemma or layer.mlp_in_norm.gemma
-            or not all(lin.native_packed for lin in (layer.qkv, layer.o_proj, mlp.gate_up,
-                                                     mlp.down))
+            or any(lin.native is None for lin in (layer.qkv, layer.o_proj, mlp.gate_up,
+                                                  mlp.down))
             or layer.qkv.in_features % 16 or mlp.down.in_features % 16):
         return None
     hidden, inter = layer.qkv.in_features, mlp.down.in_features

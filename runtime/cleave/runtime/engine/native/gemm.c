@@ -4,11 +4,10 @@
  * once, so a block of up to 6 rows of x against a panel (24 accumulators) needs no horizontal
  * sums, and every weight byte is read once per block of rows in address order.
  *
- * It serves every row count (bench/linear_micro.py, one thread, a forward's four shapes over
- * 30 layers): 1-6 rows stream the weights at 21 GB/s where linear.c's row-major 4x4 tiles
- * reached 14-17 (their horizontal sums and the tile's epilogue cost at these short K); 32 rows
- * 170 GFLOP/s against 135; 512 rows (prefill) 206 against oneDNN's 193, so one packed copy
- * replaces both the row-major weight and oneDNN for the layers' linears. Products are bf16 x
+ * It runs every linear at every row count (bench/linear_micro.py, one thread, a forward's four
+ * shapes over 30 layers): 1-6 rows stream the weights at about 20 GB/s where the row-major
+ * GEMV it replaced (4x4 tiles of dot products, then horizontal sums) reached 14-17; 32 rows
+ * 205 GFLOP/s against 150; 512 rows (prefill) 208 against oneDNN's 197. Products are bf16 x
  * bf16 summed in fp32, rounded once to bf16 (nearest even), as oneDNN; only the order of the
  * fp32 sums differs. */
 #include "simd.h"

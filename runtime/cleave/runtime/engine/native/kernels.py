@@ -1,12 +1,11 @@
-"""ctypes bindings of the native kernels (gemm.c, linear.c, attention.c, prefill.c, layer.c),
-loaded once per process."""
+"""ctypes bindings of the native kernels (gemm.c, attention.c, prefill.c, layer.c), loaded once
+per process."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import logging
-from typing import Any
 
 import torch
 
@@ -44,12 +43,9 @@ def check_indices(tables: torch.Tensor, lengths: torch.Tensor, block_size: int,
 
 
 class Kernels:
-    """The loaded library. Callers check :meth:`takes_linear` before :meth:`linear`."""
+    """The loaded library. Callers check :meth:`takes_linear` before :meth:`pack`."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._linear = lib.linear_bf16
-        self._linear.argtypes = [_P, _L, _P, _P, _P, _L, _L, _L, _L]
-        self._linear.restype = None
         self._packed_linear = lib.packed_linear_bf16
         self._packed_linear.argtypes = [_P, _L, _P, _P, _P, _L, _L, _L, _L]
         self._packed_linear.restype = None
@@ -80,16 +76,10 @@ class Kernels:
 
     @staticmethod
     def takes_linear(weight: torch.Tensor) -> bool:
-        """Whether :meth:`linear` runs this weight: bf16 on the CPU, row-major, and an input
+        """Whether :meth:`pack` takes this weight: bf16 on the CPU, row-major, and an input
         width the kernel's 32-wide steps divide."""
         return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
                 and weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] % 32 == 0)
-
-    def linear(self, x: torch.Tensor, weight: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ weight.T + bias`` for ``x [rows, in]`` (bf16) over a row-major ``weight``
-        (linear.c: a weight shared with another use, the tied LM head)."""
-        return self._run(self._linear, x, weight, weight.shape[0], weight.shape[1], bias)
 
     @staticmethod
     def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -99,6 +89,14 @@ class Kernels:
         padded = torch.nn.functional.pad(weight, (0, 0, 0, -out_features % PANEL))
         return padded.view(-1, PANEL, width // 2, 2).transpose(1, 2).contiguous()
 
+    @staticmethod
+    def rows(packed: torch.Tensor, ids: torch.Tensor, out_features: int) -> torch.Tensor:
+        """Rows ``ids`` of the weight :meth:`pack` packed, ``[len(ids), in]`` (a tied LM
+        head's embedding lookup); ids past ``out_features`` raise, as F.embedding's do."""
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < out_features:
+            raise IndexError(f"token ids must be in [0, {out_features})")
+        return packed[ids // PANEL, :, ids % PANEL].reshape(-1, 2 * packed.shape[1])
+
     def packed_linear(self, x: torch.Tensor, packed: torch.Tensor, out_features: int,
                       bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for ``x [rows, in]`` (bf16), ``packed`` = :meth:`pack`
@@ -107,22 +105,16 @@ class Kernels:
         if panel != PANEL or panels != -(-out_features // PANEL):
             raise ValueError(f"packed_linear: {tuple(packed.shape)} is no packing of "
                              f"{out_features} outputs")
-        return self._run(self._packed_linear, x, packed, out_features, 2 * half, bias)
-
-    @staticmethod
-    def _run(kernel: Any, x: torch.Tensor, weight: torch.Tensor, out_features: int,
-             width: int, bias: torch.Tensor | None) -> torch.Tensor:
-        rows = x.shape[0]
-        if x.stride(1) != 1:
+        if x.stride(-1) != 1:
             x = x.contiguous()
-        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != width:
-            raise ValueError(f"linear: x {tuple(x.shape)} {x.dtype} stride {x.stride()} "
-                             f"against weight {tuple(weight.shape)}")
-        y = torch.empty(rows, out_features, dtype=torch.bfloat16)
+        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != 2 * half:
+            raise ValueError(f"packed_linear: x {tuple(x.shape)} {x.dtype} stride "
+                             f"{x.stride()} against weight {tuple(packed.shape)}")
+        y = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
         bias = None if bias is None else bias.contiguous()  # held until the call returns
-        kernel(x.data_ptr(), x.stride(0), weight.data_ptr(),
-               None if bias is None else bias.data_ptr(),
-               y.data_ptr(), out_features, rows, out_features, width)
+        self._packed_linear(x.data_ptr(), x.stride(0), packed.data_ptr(),
+                            None if bias is None else bias.data_ptr(), y.data_ptr(),
+                            out_features, x.shape[0], out_features, 2 * half)
         return y
 
     @staticmethod
