@@ -69,6 +69,39 @@ def test_packing_puts_each_outputs_input_pairs_side_by_side() -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("rows", [1, 5, 8, 33])
+def test_silu_and_mul_in_the_epilogue_rounds_as_torch_does(rows: int) -> None:
+    """The fused GEMM's outputs against torch's bf16 ``F.silu(gate) * up`` over the same GEMM's
+    unfused gate/up (bit-identical sums: the gated packing moves rows between panels, not
+    the order of any output's fp32 sum)."""
+    assert NATIVE is not None
+    torch.manual_seed(rows)
+    gate_up = torch.randn(192, 64, dtype=torch.bfloat16)  # 96 wide: 3 gated panels
+    x = torch.randn(rows, 64, dtype=torch.bfloat16) * 2
+    fused = NATIVE.packed_linear(x, Kernels.pack(gate_up, gated=True), 96, silu=True)
+    gate, up = NATIVE.packed_linear(x, Kernels.pack(gate_up), 192).chunk(2, dim=-1)
+    assert fused.shape == (rows, 96)
+    assert torch.equal(fused, F.silu(gate) * up)
+
+
+@needs_native
+def test_linear_fuses_silu_and_mul_where_the_packing_allows() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    for rows, bias, fused in ((128, None, True), (96, None, False),
+                              (128, torch.randn(128, dtype=torch.bfloat16), False)):
+        weight = torch.randn(rows, 64, dtype=torch.bfloat16)
+        layer = Linear(weight, bias, silu_and_mul=True)
+        assert layer.native is not None and layer.fused is fused
+        gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
+        assert torch.allclose(layer(x).float(), (F.silu(gate) * up).float(), rtol=0.02,
+                              atol=0.05)
+    with pytest.raises(ValueError, match="no rows to look up"):
+        Linear(torch.randn(128, 64, dtype=torch.bfloat16), silu_and_mul=True).lookup(
+            torch.tensor([0]))
+
+
+@needs_native
 def test_a_packing_of_another_shape_is_refused() -> None:
     assert NATIVE is not None
     packed = Kernels.pack(torch.randn(64, 32, dtype=torch.bfloat16))
@@ -76,6 +109,11 @@ def test_a_packing_of_another_shape_is_refused() -> None:
         NATIVE.packed_linear(torch.zeros(1, 32, dtype=torch.bfloat16), packed, 65)
     with pytest.raises(ValueError, match="against weight"):
         NATIVE.packed_linear(torch.zeros(1, 64, dtype=torch.bfloat16), packed, 64)
+    with pytest.raises(ValueError, match="gated, unbiased"):  # silu takes no bias
+        NATIVE.packed_linear(torch.zeros(1, 32, dtype=torch.bfloat16), packed, 32,
+                             torch.zeros(32, dtype=torch.bfloat16), silu=True)
+    with pytest.raises(ValueError, match="no whole number of 64-row panels"):
+        Kernels.pack(torch.zeros(96, 32, dtype=torch.bfloat16), gated=True)
 
 
 @needs_native

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from cleave.runtime.engine.dense.linear import Linear
 from cleave.runtime.engine.dense.moe import Activation, Fetch, load_experts
 from cleave.runtime.engine.families.spec import DecoderSpec
-from cleave.runtime.engine.native.kernels import Kernels, kernels
 from cleave.runtime.engine.parallel.shard import Shard
 
 
@@ -24,20 +23,18 @@ class MLP(Protocol):
 
 
 class DenseMLP:
-    """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+    """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul (and SiLU-and-mul
+    into its epilogue, where the native GEMM runs it: :class:`Linear`'s ``silu_and_mul``)."""
 
     def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, act: Activation) -> None:
-        self.gate_up = Linear(gate_up)
+        self.gate_up = Linear(gate_up, silu_and_mul=act is F.silu)
         self.down = Linear(down)
         self.act = act
-        # SiLU-and-mul in one native call where the weights are bf16 on such a CPU
-        self.native = kernels() if act is F.silu and self.gate_up.native is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up(x)
-        if self.native is not None and Kernels.takes_rows(gate_up, gate_up.shape[-1] // 2):
-            return self.down(self.native.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
+        if self.gate_up.silu_and_mul:
+            return self.down(self.gate_up(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(self.act(gate) * up)
 
     def nbytes(self) -> int:

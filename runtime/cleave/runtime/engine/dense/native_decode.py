@@ -1,8 +1,8 @@
 """A decode step's layers run by the native kernels, one call per layer (native/layer.c
 ``decode_layer_bf16``), for Llama-shaped layers: pre-norms only, full rotary, plain causal
 attention, a dense SiLU MLP, one rank, bf16 on an AVX512-BF16 CPU, every linear packed for
-native/gemm.c. Steps with prefill chunks and other layers take the torch path, whose roundings
-the kernel keeps op for op."""
+native/gemm.c (gate_up with SiLU-and-mul fused). Steps with prefill chunks and other layers
+take the torch path, whose roundings the kernel keeps op for op."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def layer_args(layer: LayerWeights, cfg: AttentionConfig, nq: int, nkv: int, d: 
             or layer.attn_out_norm is not None or layer.mlp_out_norm is not None
             or not isinstance(mlp, DenseMLP) or mlp.act is not F.silu
             or layer.attn_in_norm.gemma or layer.mlp_in_norm.gemma
-            or any(lin.native is None for lin in (layer.qkv, layer.o_proj, mlp.gate_up,
-                                                  mlp.down))
+            or any(lin.native is None for lin in (layer.qkv, layer.o_proj, mlp.down))
+            or not mlp.gate_up.fused
             or layer.qkv.in_features % 16 or mlp.down.in_features % 16):
         return None
     hidden, inter = layer.qkv.in_features, mlp.down.in_features

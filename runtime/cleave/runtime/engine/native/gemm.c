@@ -26,10 +26,17 @@ typedef struct {
   int lines;
 } ahead_t;
 
-/* rows [0, mr) of x against one panel: y[m, n0 + n] for n < min(64, N - n0) */
+static inline void store_bf16x16_masked(uint16_t *p, __mmask16 keep, __m512 x) {
+  _mm256_mask_storeu_epi16(p, keep, _mm512_cvtepi32_epi16(
+      _mm512_srli_epi32(_mm512_castps_si512(x), 16)));
+}
+
+/* rows [0, mr) of x against panel p: y[m, 64 p + n] for n < min(64, N - 64 p); with silu,
+ * y[m, 32 p + n] = silu(gate) * up for n < 32, the panel's first 32 outputs being gate rows
+ * 32 p.. and its last 32 the matching up rows (bias NULL) */
 static inline __attribute__((always_inline)) void block(
-    const uint16_t *x, long ldx, const uint16_t *w, long K, const uint16_t *bias, long n0,
-    long N, uint16_t *y, long ldy, const int mr, ahead_t *pf) {
+    const uint16_t *x, long ldx, const uint16_t *w, long K, const uint16_t *bias, long p,
+    long N, uint16_t *y, long ldy, const int mr, ahead_t *pf, int silu) {
   __m512 acc[MR][4];
   for (int m = 0; m < mr; m++)
     for (int j = 0; j < 4; j++) acc[m][j] = _mm512_setzero_ps();
@@ -48,26 +55,33 @@ static inline __attribute__((always_inline)) void block(
       acc[m][3] = _mm512_dpbf16_ps(acc[m][3], w3, xb);
     }
   }
-  for (int j = 0; j < 4 && n0 + 16 * j < N; j++) {
-    long n = n0 + 16 * j;
+  if (silu) { /* the gate_up output is rounded to bf16 first, as torch's would be */
+    for (int j = 0; j < 2; j++)
+      for (int m = 0; m < mr; m++)
+        store_bf16x16_masked(y + m * ldy + NP / 2 * p + 16 * j, 0xffff, silu_mul16(
+            round_bf16(acc[m][j]), round_bf16(acc[m][j + 2])));
+    return;
+  }
+  for (int j = 0; j < 4 && NP * p + 16 * j < N; j++) {
+    long n = NP * p + 16 * j;
     __mmask16 keep = first(N - n);
     __m512 b = _mm512_setzero_ps();
     if (bias)
       b = _mm512_castsi512_ps(_mm512_slli_epi32(
           _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + n)), 16));
-    for (int m = 0; m < mr; m++) {
-      __m512 r = round_bf16(_mm512_add_ps(acc[m][j], b));
-      _mm256_mask_storeu_epi16(y + m * ldy + n, keep, _mm512_cvtepi32_epi16(
-          _mm512_srli_epi32(_mm512_castps_si512(r), 16)));
-    }
+    for (int m = 0; m < mr; m++)
+      store_bf16x16_masked(y + m * ldy + n, keep, round_bf16(_mm512_add_ps(acc[m][j], b)));
   }
 }
 
 /* y[m * ldy + n] = sum_k x[m * ldx + k] * w[n, k] + bias[n] for m < M, n < N, w packed as
- * above (N rounded up to whole panels, zero-padded); bias may be NULL; K even. */
+ * above (N rounded up to whole panels, zero-padded); bias may be NULL; K even. With silu, w is
+ * a gated MLP's [gate; up] (2 N rows, N % 32 == 0) packed with 32 rows of each half a panel,
+ * and y[m * ldy + n] = silu(gate_n) * up_n (the SiLU-and-mul fused into the epilogue: the
+ * 2 N-wide product is never written out and read back). */
 void packed_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const uint16_t *bias,
-                        uint16_t *y, long ldy, long M, long N, long K) {
-  long panels = (N + NP - 1) / NP, panel = K * NP;
+                        uint16_t *y, long ldy, long M, long N, long K, int silu) {
+  long panels = silu ? N / (NP / 2) : (N + NP - 1) / NP, panel = K * NP;
   /* rows in even blocks of at most MR (8 rows: 4 + 4, not 6 + 2) */
   long nblocks = (M + MR - 1) / MR;
   for (long p = 0; p < panels; p++) {
@@ -81,14 +95,13 @@ void packed_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const u
       int mr = (int)(M / nblocks + (b < M % nblocks));
       const uint16_t *xb = x + m * ldx;
       uint16_t *yb = y + m * ldy;
-      long n0 = p * NP;
       switch (mr) {
-        case 6: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 6, &pf); break;
-        case 5: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 5, &pf); break;
-        case 4: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 4, &pf); break;
-        case 3: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 3, &pf); break;
-        case 2: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 2, &pf); break;
-        default: block(xb, ldx, w, K, bias, n0, N, yb, ldy, 1, &pf); break;
+        case 6: block(xb, ldx, w, K, bias, p, N, yb, ldy, 6, &pf, silu); break;
+        case 5: block(xb, ldx, w, K, bias, p, N, yb, ldy, 5, &pf, silu); break;
+        case 4: block(xb, ldx, w, K, bias, p, N, yb, ldy, 4, &pf, silu); break;
+        case 3: block(xb, ldx, w, K, bias, p, N, yb, ldy, 3, &pf, silu); break;
+        case 2: block(xb, ldx, w, K, bias, p, N, yb, ldy, 2, &pf, silu); break;
+        default: block(xb, ldx, w, K, bias, p, N, yb, ldy, 1, &pf, silu); break;
       }
       m += mr;
     }

@@ -27,9 +27,9 @@ class LayerArgs(ctypes.Structure):
 
     def scratch_words(self, rows: int) -> int:
         """bf16 elements of ``decode_layer_bf16``'s scratch for ``rows`` tokens: the normed
-        input, qkv, the attention output, gate/up and the activation (layer.c's bbuf)."""
+        input, qkv, the attention output and the activation (layer.c's bbuf)."""
         nq, nkv, d = int(self.nq), int(self.nkv), int(self.d)  # ctypes fields read as Any
-        return rows * (int(self.hidden) + (nq + 2 * nkv) * d + nq * d + 3 * int(self.inter))
+        return rows * (int(self.hidden) + (nq + 2 * nkv) * d + nq * d + int(self.inter))
 
 
 def check_indices(tables: torch.Tensor, lengths: torch.Tensor, block_size: int,
@@ -47,7 +47,7 @@ class Kernels:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._packed_linear = lib.packed_linear_bf16
-        self._packed_linear.argtypes = [_P, _L, _P, _P, _P, _L, _L, _L, _L]
+        self._packed_linear.argtypes = [_P, _L, _P, _P, _P, _L, _L, _L, _L, ctypes.c_int]
         self._packed_linear.restype = None
         self._attention = lib.decode_attention_bf16
         self._attention.argtypes = [_P, _L, _P, _P, _L, _L, _P, _L, _P, _L, _L, _L, _L,
@@ -70,9 +70,6 @@ class Kernels:
         self._rotary = lib.rotary_bf16
         self._rotary.argtypes = [_P, _L, _L, _L, _L, _P, _P]
         self._rotary.restype = None
-        self._silu_mul = lib.silu_mul_bf16
-        self._silu_mul.argtypes = [_P, _P, _L, _L]
-        self._silu_mul.restype = None
 
     @staticmethod
     def takes_linear(weight: torch.Tensor) -> bool:
@@ -82,10 +79,18 @@ class Kernels:
                 and weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] % 32 == 0)
 
     @staticmethod
-    def pack(weight: torch.Tensor) -> torch.Tensor:
+    def pack(weight: torch.Tensor, gated: bool = False) -> torch.Tensor:
         """A row-major ``weight [out, in]`` (:meth:`takes_linear`) in gemm.c's panels,
-        ``[ceil(out / 64), in / 2, 64, 2]``, zero rows padding the last panel."""
+        ``[ceil(out / 64), in / 2, 64, 2]``, zero rows padding the last panel. ``gated``: a
+        gated MLP's ``[gate; up]`` (``out % 64 == 0``), each panel 32 rows of gate then the
+        32 matching rows of up, for :meth:`packed_linear`'s ``silu``."""
         out_features, width = weight.shape
+        if gated:
+            if out_features % PANEL:
+                raise ValueError(f"pack: a gated weight of {out_features} rows is no whole "
+                                 f"number of {PANEL}-row panels")
+            weight = weight.view(2, -1, PANEL // 2, width).transpose(0, 1).reshape(
+                out_features, width)
         padded = torch.nn.functional.pad(weight, (0, 0, 0, -out_features % PANEL))
         return padded.view(-1, PANEL, width // 2, 2).transpose(1, 2).contiguous()
 
@@ -98,13 +103,17 @@ class Kernels:
         return packed[ids // PANEL, :, ids % PANEL].reshape(-1, 2 * packed.shape[1])
 
     def packed_linear(self, x: torch.Tensor, packed: torch.Tensor, out_features: int,
-                      bias: torch.Tensor | None = None) -> torch.Tensor:
+                      bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
         """``x @ weight.T + bias`` for ``x [rows, in]`` (bf16), ``packed`` = :meth:`pack`
-        (weight) of a weight with ``out_features`` rows; any row count (gemm.c)."""
+        (weight) of a weight with ``out_features`` rows; any row count (gemm.c). ``silu``:
+        ``packed`` = :meth:`pack` (gate_up, gated=True), and the result is ``silu(gate) *
+        up``, ``out_features`` (the intermediate size) wide, rounded as torch's bf16 ops."""
         panels, half, panel, _ = packed.shape
-        if panel != PANEL or panels != -(-out_features // PANEL):
+        rows_packed = 2 * out_features if silu else out_features
+        if panel != PANEL or panels != -(-rows_packed // PANEL) or (silu and (
+                rows_packed % PANEL or bias is not None)):
             raise ValueError(f"packed_linear: {tuple(packed.shape)} is no packing of "
-                             f"{out_features} outputs")
+                             f"{rows_packed} outputs{' (gated, unbiased)' if silu else ''}")
         if x.stride(-1) != 1:
             x = x.contiguous()
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != 2 * half:
@@ -114,7 +123,7 @@ class Kernels:
         bias = None if bias is None else bias.contiguous()  # held until the call returns
         self._packed_linear(x.data_ptr(), x.stride(0), packed.data_ptr(),
                             None if bias is None else bias.data_ptr(), y.data_ptr(),
-                            out_features, x.shape[0], out_features, 2 * half)
+                            out_features, x.shape[0], out_features, 2 * half, int(silu))
         return y
 
     @staticmethod
@@ -199,13 +208,6 @@ class Kernels:
         cos, sin = cos.contiguous(), sin.contiguous()  # held until the call returns
         self._rotary(x.data_ptr(), x.shape[0], x.stride(0), heads, d, cos.data_ptr(),
                      sin.data_ptr())
-
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``silu(gate) * up`` for ``gate_up [rows, 2 * inter]`` (contiguous)."""
-        rows, width = gate_up.shape
-        out = torch.empty(rows, width // 2, dtype=torch.bfloat16)
-        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
-        return out
 
     def decode_layer(self, args: LayerArgs, h: torch.Tensor, rows: int, cos: torch.Tensor,
                      sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,

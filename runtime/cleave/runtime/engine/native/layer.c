@@ -6,15 +6,11 @@
  * result is rounded to bf16 where torch's bf16 op would round it. */
 #include "simd.h"
 
-static inline __m512 exp_any(__m512 x) { /* e^x, |x| <= 88 after clamping */
-  x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);
-  return exp_nonpositive_or_small(x);
-}
-
 typedef struct {
   long hidden, nq, nkv, d, inter;
   float eps, scale;
-  /* qkv, o, gate_up, down: packed (gemm.c) */
+  /* qkv, o, down: packed (gemm.c); gate_up packed with its halves' rows interleaved, so the
+   * GEMM's epilogue applies SiLU-and-mul */
   const uint16_t *in_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
 } layer_t;
 
@@ -61,20 +57,9 @@ void rotary_bf16(uint16_t *x, long rows, long row_stride, long heads, long d,
   for (long r = 0; r < rows; r++) rotate(x + r * row_stride, cos + r * d, sin + r * d, heads, d);
 }
 
-/* a = bf16(bf16(silu(gate)) * up) for gate_up rows [gate | up] of 2 * inter */
-void silu_mul_bf16(const uint16_t *gu, uint16_t *a, long rows, long inter) {
-  for (long r = 0; r < rows; r++, gu += 2 * inter, a += inter)
-    for (long c = 0; c < inter; c += 16) {
-      __m512 g = load_bf16x16(gu + c);
-      __m512 e = exp_any(_mm512_sub_ps(_mm512_setzero_ps(), g));
-      __m512 s = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
-      store_bf16x16(a + c, round_bf16(_mm512_mul_ps(s, load_bf16x16(gu + inter + c))));
-    }
-}
-
 /* h [rows, hidden] in place. cos/sin: [rows, d]. slots: [rows] pool slots for the new KV.
  * fbuf: floats for the attention scratch; bbuf: bf16 scratch of
- * rows * (hidden + (nq + 2 nkv) d + nq d + 2 inter + inter) elements. */
+ * rows * (hidden + (nq + 2 nkv) d + nq d + inter) elements. */
 void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t *cos,
                        const uint16_t *sin, uint16_t *k_pool, uint16_t *v_pool, long blocks,
                        long bs, const int64_t *slots, const int64_t *tables, long table_width,
@@ -82,9 +67,9 @@ void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t 
   long H = L->hidden, d = L->d, nq = L->nq, nkv = L->nkv, I = L->inter;
   long width = (nq + 2 * nkv) * d;
   uint16_t *xn = bbuf, *qkv = xn + rows * H, *attn = qkv + rows * width,
-           *gu = attn + rows * nq * d, *act = gu + rows * 2 * I, *out = xn;
+           *act = attn + rows * nq * d, *out = xn;
   rms_norm_bf16(h, L->in_norm, xn, rows, H, L->eps);
-  packed_linear_bf16(xn, H, L->qkv, L->qkv_bias, qkv, width, rows, width, H);
+  packed_linear_bf16(xn, H, L->qkv, L->qkv_bias, qkv, width, rows, width, H, 0);
   for (long r = 0; r < rows; r++) {
     uint16_t *row = qkv + r * width;
     rotate(row, cos + r * d, sin + r * d, nq + nkv, d); /* q and k heads are adjacent */
@@ -96,11 +81,10 @@ void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t 
   }
   decode_attention_bf16(qkv, width, k_pool, v_pool, blocks, bs, tables, table_width, lengths,
                         rows, nq, nkv, d, L->scale, fbuf, attn);
-  packed_linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d);
+  packed_linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d, 0);
   add_into(h, out, rows * H);
   rms_norm_bf16(h, L->post_norm, xn, rows, H, L->eps);
-  packed_linear_bf16(xn, H, L->gate_up, NULL, gu, 2 * I, rows, 2 * I, H);
-  silu_mul_bf16(gu, act, rows, I);
-  packed_linear_bf16(act, I, L->down, NULL, out, H, rows, H, I);
+  packed_linear_bf16(xn, H, L->gate_up, NULL, act, I, rows, I, H, 1);
+  packed_linear_bf16(act, I, L->down, NULL, out, H, rows, H, I, 0);
   add_into(h, out, rows * H);
 }

@@ -85,6 +85,13 @@ static inline __m512 exp_nonpositive_or_small(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+/* bf16(bf16(silu(g)) * u) for bf16-valued g, u, as torch's bf16 F.silu(gate) * up rounds */
+static inline __m512 silu_mul16(__m512 g, __m512 u) {
+  __m512 e = exp_nonpositive_or_small(_mm512_min_ps(_mm512_set1_ps(88.0f),
+                                                    _mm512_sub_ps(_mm512_setzero_ps(), g)));
+  __m512 s = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+  return round_bf16(_mm512_mul_ps(s, u));
+}
 
 /* Walks a sequence's rows through its block table in order, without a division per row
  * (a 64-bit division by the runtime block size cost more than the row's arithmetic). */
@@ -110,7 +117,7 @@ static inline __mmask16 first(long n) {
 
 /* The kernels one file calls from another. */
 void packed_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const uint16_t *bias,
-                        uint16_t *y, long ldy, long M, long N, long K);
+                        uint16_t *y, long ldy, long M, long N, long K, int silu);
 void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_pool,
                            const uint16_t *v_pool, long blocks, long bs, const int64_t *tables,
                            long table_width, const int64_t *lengths, long seqs, long nq,
