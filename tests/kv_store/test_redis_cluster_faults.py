@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis_servers import RedisClusterServers, RedisServer, start_cluster
-from redis_store_support import TIMEOUT, MakeStore, make_blocks, same_bits
+from redis_store_support import FAULT_TIMEOUTS, TIMEOUT, MakeStore, make_blocks, same_bits
 
 from cleave.kv_store.redis_store import RedisBlockStore
 from cleave.kv_store.store import StoreUnavailable
@@ -63,7 +63,7 @@ async def _read_back(store: RedisBlockStore, blocks: list, tensors: list) -> int
 
 async def test_slot_migrated_mid_transfer_reads_right_or_misses(
         cluster: RedisClusterServers, make_store: MakeStore) -> None:
-    store = make_store(cluster.url, cluster=True, timeout_seconds=TIMEOUT, ttl_seconds=600)
+    store = make_store(cluster.url, cluster=True, ttl_seconds=600, **FAULT_TIMEOUTS)
     blocks, tensors = make_blocks(24, seed=31)
     assert await store.put_many(blocks[:12]) == 12
     sync = SyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=5)
@@ -102,7 +102,7 @@ async def test_slot_migrated_mid_transfer_reads_right_or_misses(
 
 async def test_master_killed_reads_a_right_prefix_or_miss_and_never_hangs(
         cluster: RedisClusterServers, make_store: MakeStore) -> None:
-    store = make_store(cluster.url, cluster=True, timeout_seconds=TIMEOUT, ttl_seconds=600)
+    store = make_store(cluster.url, cluster=True, ttl_seconds=600, **FAULT_TIMEOUTS)
     blocks, tensors = make_blocks(24, seed=32)
     assert await store.put_many(blocks) == 24
     sync = SyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=5)

@@ -106,6 +106,8 @@ def test_decode_attention_reads_the_pool_through_block_tables(d: int, nq: int) -
     tables = torch.stack([torch.randperm(blocks)[:4] for _ in lengths])  # scattered blocks
     q = torch.randn(len(lengths), nq, d, dtype=torch.bfloat16)
     got = NATIVE.decode_attention(q, k_pool, v_pool, tables, lengths, d ** -0.5)
+    none = NATIVE.decode_attention(q[:1], k_pool, v_pool, tables[:1], torch.tensor([0]), 0.1)
+    assert not none.any()  # no keys: zeros, not 0 x inf
     for s, length in enumerate(lengths.tolist()):
         k, v = _keys(k_pool, tables[s], length), _keys(v_pool, tables[s], length)
         _assert_two_roundings(got[s:s + 1], q[s:s + 1], k, v,

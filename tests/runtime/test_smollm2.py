@@ -49,9 +49,9 @@ def test_default_model_by_name_or_by_path_is_one_identity() -> None:
 def test_bf16_native_decode_layers_give_the_op_by_op_paths_tokens() -> None:
     """bf16 on a CPU with the native kernels: a decode step runs each layer in one native call
     (dense/native_decode.py) instead of the same kernels called op by op from Python (the
-    path prefill steps and larger batches take). Both round alike, so the same prompts give
-    the same greedy tokens either way, decoded in a batch. (Each kernel against torch's ops:
-    test_native_kernels.py.)"""
+    path prefill steps take). Both round alike, so the same prompts give the same greedy
+    tokens either way, decoded in a batch of 40 (it has no row limit). (Each kernel against
+    torch's ops: test_native_kernels.py, test_native_linear.py.)"""
     engine = LLMEngine(EngineConfig(dtype="bfloat16", kv_cache_bytes=1 << 28),
                        progress=lambda _: None)
     model = engine.model
@@ -62,19 +62,21 @@ def test_bf16_native_decode_layers_give_the_op_by_op_paths_tokens() -> None:
         engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]),
         engine.tokenize("The three primary colors are"),
         engine.tokenize("def fibonacci(n):\n    " * 6),
+        *(engine.tokenize(f"Count from {i} to {i + 9}:") for i in range(37)),
     ]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    runs = 0
+    runs, widest = 0, 0
     real_run = native.run
 
-    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
-        nonlocal runs
-        runs += 1
-        return real_run(*args, **kwargs)
+    def counted(h: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        nonlocal runs, widest
+        runs, widest = runs + 1, max(widest, h.shape[0])
+        return real_run(h, *args, **kwargs)
 
     native.run = counted  # type: ignore[method-assign]
     with_native = [r.token_ids for r in engine.generate(prompts, params)]
     assert runs >= 23  # every decode-only step (the last 23 tokens of each prompt, batched)
+    assert widest == len(prompts)
     model.native_decode = None  # type: ignore[attr-defined]
     engine.block_manager.reset_prefix_cache()  # recompute the prompts too
     without = [r.token_ids for r in engine.generate(prompts, params)]

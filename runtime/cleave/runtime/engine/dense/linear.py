@@ -45,14 +45,14 @@ class Linear:
     """``x @ weight.T + bias`` for ``x [tokens, in]``. ``prepack=False`` keeps oneDNN's layout
     out (the LM head: tied to the embeddings its rows are looked up, and that layout gained
     nothing measurable there). ``silu_and_mul``: ``weight`` is a gated MLP's ``[gate; up]``
-    and the result ``silu(gate) * up``, fused into the native GEMM where it runs (``fused``:
-    no bias, halves of whole 32-row steps)."""
+    with a SiLU activation, to fuse ``silu(gate) * up`` into the native GEMM where it can
+    (``fused``: the native kernels run, no bias, halves of whole 32-row steps); the result is
+    then the activation, otherwise the caller applies it."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  prepack: bool = True, silu_and_mul: bool = False) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.silu_and_mul = silu_and_mul
         self.native = native_for(weight)
         self.packed = prepack and self.native is None and packs(weight)  # oneDNN's layout
         self.fused = (silu_and_mul and self.native is not None and bias is None
@@ -71,15 +71,12 @@ class Linear:
             assert self.native is not None
             return self.native.packed_linear(x, self.weight, self.out_features // 2, silu=True)
         if self.native is not None:
-            out = self.native.packed_linear(x, self.weight, self.out_features, self.bias)
-        elif self.packed:
-            out = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        else:
-            out = F.linear(x, self.weight, self.bias)
-        if self.silu_and_mul:
-            gate, up = out.chunk(2, dim=-1)
-            return F.silu(gate) * up
-        return out
+            return self.native.packed_linear(x, self.weight, self.out_features, self.bias)
+        if self.packed:
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+                x, self.weight, self.bias, "none", [], "")
+            return out
+        return F.linear(x, self.weight, self.bias)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the weight, ``[len(ids), in]``: a tied LM head's embeddings."""

@@ -32,7 +32,7 @@ class DenseMLP:
         self.act = act
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up.silu_and_mul:
+        if self.gate_up.fused:
             return self.down(self.gate_up(x))
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(self.act(gate) * up)

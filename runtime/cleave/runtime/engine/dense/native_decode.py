@@ -30,7 +30,7 @@ def layer_args(layer: LayerWeights, cfg: AttentionConfig, nq: int, nkv: int, d: 
             or layer.attn_in_norm.gemma or layer.mlp_in_norm.gemma
             or any(lin.native is None for lin in (layer.qkv, layer.o_proj, mlp.down))
             or not mlp.gate_up.fused
-            or layer.qkv.in_features % 16 or mlp.down.in_features % 16):
+            or layer.qkv.in_features % 16):  # norms and residual adds: whole 16-lane vectors
         return None
     hidden, inter = layer.qkv.in_features, mlp.down.in_features
     shapes = [(layer.qkv.out_features, (nq + 2 * nkv) * d), (layer.o_proj.in_features, nq * d),

@@ -45,7 +45,8 @@ static void scores(const uint16_t *q, long group, const uint16_t *kh, const int6
 /* Scores sc[0..len) -> unnormalised probabilities e_p = bf16(exp(sc_p - max)), written as bf16
  * over the front of the same buffer (chunk p is read before its half-size write lands at or
  * below it), with a zero after an odd last one so the values' product takes them in pairs.
- * Returns 1 / sum_p e_p: the sum of the rounded e_p, so the weights used sum to one. */
+ * Returns 1 / sum_p e_p: the sum of the rounded e_p, so the weights used sum to one (0 for
+ * no keys). */
 static float exp_bf16_inplace(float *sc, long len) {
   __m512 vmx = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
   for (long p = 0; p < len; p += 16) {
@@ -59,11 +60,11 @@ static float exp_bf16_inplace(float *sc, long len) {
     __m512 e = _mm512_maskz_mov_ps(m, round_bf16(exp_nonpositive_or_small(
         _mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + p), vmx))));
     vsum = _mm512_add_ps(vsum, e);
-    _mm256_mask_storeu_epi16(e16 + p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(
-        _mm512_castps_si512(e), 16)));
+    store_bf16x16_masked(e16 + p, m, e);
   }
   if (len & 1) _mm256_mask_storeu_epi16(e16 + len, 1, _mm256_setzero_si256());
-  return 1.0f / _mm512_reduce_add_ps(vsum);
+  float sum = _mm512_reduce_add_ps(vsum);
+  return sum > 0.0f ? 1.0f / sum : 0.0f; /* no keys: a zero output, not 0 * inf */
 }
 
 /* o_r = bf16(inv[r] * sum_p e_r[p] * v_p) for rows r < nr (<= MAXR: query heads of one kv

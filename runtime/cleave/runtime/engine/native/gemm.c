@@ -26,11 +26,6 @@ typedef struct {
   int lines;
 } ahead_t;
 
-static inline void store_bf16x16_masked(uint16_t *p, __mmask16 keep, __m512 x) {
-  _mm256_mask_storeu_epi16(p, keep, _mm512_cvtepi32_epi16(
-      _mm512_srli_epi32(_mm512_castps_si512(x), 16)));
-}
-
 /* rows [0, mr) of x against panel p: y[m, 64 p + n] for n < min(64, N - 64 p); with silu,
  * y[m, 32 p + n] = silu(gate) * up for n < 32, the panel's first 32 outputs being gate rows
  * 32 p.. and its last 32 the matching up rows (bias NULL) */

@@ -96,11 +96,12 @@ class Kernels:
 
     @staticmethod
     def rows(packed: torch.Tensor, ids: torch.Tensor, out_features: int) -> torch.Tensor:
-        """Rows ``ids`` of the weight :meth:`pack` packed, ``[len(ids), in]`` (a tied LM
-        head's embedding lookup); ids past ``out_features`` raise, as F.embedding's do."""
+        """Rows ``ids`` of the weight :meth:`pack` packed, ``[*ids.shape, in]`` (a tied LM
+        head's embedding lookup, as F.embedding); ids past ``out_features`` raise, as its
+        do."""
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < out_features:
             raise IndexError(f"token ids must be in [0, {out_features})")
-        return packed[ids // PANEL, :, ids % PANEL].reshape(-1, 2 * packed.shape[1])
+        return packed[ids // PANEL, :, ids % PANEL].reshape(*ids.shape, 2 * packed.shape[1])
 
     def packed_linear(self, x: torch.Tensor, packed: torch.Tensor, out_features: int,
                       bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
@@ -110,10 +111,15 @@ class Kernels:
         up``, ``out_features`` (the intermediate size) wide, rounded as torch's bf16 ops."""
         panels, half, panel, _ = packed.shape
         rows_packed = 2 * out_features if silu else out_features
-        if panel != PANEL or panels != -(-rows_packed // PANEL) or (silu and (
-                rows_packed % PANEL or bias is not None)):
-            raise ValueError(f"packed_linear: {tuple(packed.shape)} is no packing of "
-                             f"{rows_packed} outputs{' (gated, unbiased)' if silu else ''}")
+        if (panel != PANEL or panels != -(-rows_packed // PANEL) or not packed.is_contiguous()
+                or packed.dtype != torch.bfloat16
+                or (silu and (rows_packed % PANEL or bias is not None))):
+            raise ValueError(f"packed_linear: {tuple(packed.shape)} {packed.dtype} is no "
+                             f"packing of {rows_packed} outputs"
+                             f"{' (gated, unbiased)' if silu else ''}")
+        if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.bfloat16):
+            raise ValueError(f"packed_linear: bias {tuple(bias.shape)} {bias.dtype} for "
+                             f"{out_features} bf16 outputs")
         if x.stride(-1) != 1:
             x = x.contiguous()
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != 2 * half:
@@ -186,7 +192,7 @@ class Kernels:
 
     @staticmethod
     def takes_rows(x: torch.Tensor, width: int) -> bool:
-        """Whether the row kernels (norm, rotary, SiLU-and-mul) take ``x``: bf16 on the CPU,
+        """Whether the row kernels (norm, rotary) take ``x``: bf16 on the CPU,
         2-D and contiguous, a width of whole 16-lane vectors."""
         return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2
                 and x.is_contiguous() and width % 16 == 0)

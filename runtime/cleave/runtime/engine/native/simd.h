@@ -40,6 +40,11 @@ static inline void store_bf16x16(uint16_t *p, __m512 x) { /* x already bf16-valu
       _mm512_castps_si512(x), 16)));
 }
 
+static inline void store_bf16x16_masked(uint16_t *p, __mmask16 keep, __m512 x) {
+  _mm256_mask_storeu_epi16(p, keep, _mm512_cvtepi32_epi16(
+      _mm512_srli_epi32(_mm512_castps_si512(x), 16)));
+}
+
 static inline __m512 load_bf16x16(const uint16_t *p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(
       _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
@@ -85,9 +90,11 @@ static inline __m512 exp_nonpositive_or_small(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-/* bf16(bf16(silu(g)) * u) for bf16-valued g, u, as torch's bf16 F.silu(gate) * up rounds */
+/* bf16(bf16(silu(g)) * u) for bf16-valued g, u, as torch's bf16 F.silu(gate) * up rounds.
+ * e^-g overflows to inf past g < -88.7, as torch's does (silu = -0 there): the clamp at 89
+ * keeps the polynomial's argument small and still scales to inf */
 static inline __m512 silu_mul16(__m512 g, __m512 u) {
-  __m512 e = exp_nonpositive_or_small(_mm512_min_ps(_mm512_set1_ps(88.0f),
+  __m512 e = exp_nonpositive_or_small(_mm512_min_ps(_mm512_set1_ps(89.0f),
                                                     _mm512_sub_ps(_mm512_setzero_ps(), g)));
   __m512 s = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
   return round_bf16(_mm512_mul_ps(s, u));
