@@ -79,7 +79,7 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` of the weight, ``[len(ids), in]``: a tied LM head's embeddings."""
+        """Rows ``ids`` of the weight, ``[*ids.shape, in]``: a tied LM head's embeddings."""
         if self.packed or self.fused:
             raise ValueError("Linear.lookup: oneDNN's layout (or a gated packing) has no rows "
                              "to look up (build a looked-up weight with prepack=False)")
