@@ -5,11 +5,12 @@
  * sums, and every weight byte is read once per block of rows in address order.
  *
  * It runs every linear at every row count (bench/linear_micro.py, one thread, a forward's four
- * shapes over 30 layers): 1-6 rows stream the weights at about 20 GB/s where the row-major
- * GEMV it replaced (4x4 tiles of dot products, then horizontal sums) reached 14-17; 32 rows
- * 205 GFLOP/s against 150; 512 rows (prefill) 208 against oneDNN's 197. Products are bf16 x
- * bf16 summed in fp32, rounded once to bf16 (nearest even), as oneDNN; only the order of the
- * fp32 sums differs. */
+ * shapes over 30 layers, docs/architecture.md's fifth pass): 1 row streams the weights in
+ * 9.9 ms (21 GB/s) where the row-major GEMV it replaced (4x4 tiles of dot products, then
+ * horizontal sums) took 14.7; 32 rows 172 GFLOP/s against 136; 512 rows (prefill) 199 against
+ * oneDNN's 191. Products are bf16 x bf16 summed in fp32, rounded once to bf16 (nearest even),
+ * as oneDNN; only the order of the fp32 sums differs, and it is the same for a row whatever
+ * its batch. */
 #include "simd.h"
 
 #define NP 64   /* outputs a panel */
