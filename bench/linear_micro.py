@@ -1,9 +1,12 @@
 """Microbench of the default model's (SmolLM2-135M) linear shapes: the native GEMM over packed
 weights (engine/native/gemm.c, where it runs) against F.linear in bf16 and fp32 and weights
 prepacked for oneDNN (dense/linear.py), one thread, weights cycling over 30 distinct layers so
-they come from memory as in a decode step. The last line is JSON: per row count, each method's
-ms for all four shapes' 30 layers (a forward's linears but the LM head), and the native
-kernel's speedup over the fastest oneDNN method.
+they come from memory as in a decode step. Where the native kernels run, also the gate_up
+shape with SiLU-and-mul fused into the GEMM's epilogue against the same GEMM followed by
+torch's ``F.silu(gate) * up`` (what the engine runs where it cannot fuse). The last line is
+JSON: per row count, each method's ms for all four shapes' 30 layers (a forward's linears but
+the LM head), the native kernel's speedup over the fastest oneDNN method, and the fused
+gate_up's ms against the unfused.
 
     python bench/linear_micro.py [rows ...]     # default rows: 1 4 8 16 32 64 512
 """
@@ -72,7 +75,43 @@ def main() -> None:
                       f"{n * k * 2 * LAYERS / s / 1e9:6.1f} GB/s of bf16 weights", flush=True)
     print(json.dumps({"native_kernels": kernels() is not None, "rows": {
         rows: {**{m: round(v, 2) for m, v in t.items()}, **native_speedup(t)}
-        for rows, t in totals.items()}}))
+        for rows, t in totals.items()}, "gate_up_silu": fused_gate_up(rows_list)}))
+
+
+def fused_gate_up(rows_list: list[int]) -> dict[int, dict[str, float]]:
+    """30 layers' gate_up and SiLU-and-mul: fused into gemm.c's epilogue, and the same GEMM
+    then torch's ops, alternating in one run (medians of 5 each)."""
+    native = kernels()
+    if native is None:
+        return {}
+    n, k = SHAPES["gate_up"]
+    ws = [torch.randn(n, k, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
+    fused = [Kernels.pack(w, gated=True) for w in ws]
+    plain = [Kernels.pack(w) for w in ws]
+    out: dict[int, dict[str, float]] = {}
+    for rows in rows_list:
+        x = torch.randn(rows, k, dtype=torch.bfloat16)
+        times: dict[str, list[float]] = {"fused_ms": [], "unfused_ms": []}
+        for _ in range(6):  # the first round warms up
+            for key, run in (("fused_ms", _fused), ("unfused_ms", _unfused)):
+                start = time.perf_counter()
+                run(native, x, fused if key == "fused_ms" else plain, n)
+                times[key].append((time.perf_counter() - start) * 1e3)
+        out[rows] = {key: round(statistics.median(t[1:]), 2) for key, t in times.items()}
+        print(f"gate_up+silu rows={rows:3d} fused {out[rows]['fused_ms']:7.2f} ms, unfused "
+              f"{out[rows]['unfused_ms']:7.2f} ms", flush=True)
+    return out
+
+
+def _fused(native: Kernels, x: torch.Tensor, packs: list[torch.Tensor], n: int) -> None:
+    for p in packs:
+        native.packed_linear(x, p, n // 2, silu=True)
+
+
+def _unfused(native: Kernels, x: torch.Tensor, packs: list[torch.Tensor], n: int) -> None:
+    for p in packs:
+        gate, up = native.packed_linear(x, p, n).chunk(2, dim=-1)
+        F.silu(gate) * up
 
 
 def native_speedup(total_ms: dict[str, float]) -> dict[str, float]:

@@ -131,6 +131,11 @@ def test_a_packing_of_another_shape_is_refused() -> None:
     with pytest.raises(ValueError, match="gated, unbiased"):  # silu takes no bias
         NATIVE.packed_linear(torch.zeros(1, 32, dtype=torch.bfloat16), packed, 32,
                              torch.zeros(32, dtype=torch.bfloat16), silu=True)
+    with pytest.raises(ValueError, match="bias"):  # one per output, bf16
+        NATIVE.packed_linear(torch.zeros(1, 32, dtype=torch.bfloat16), packed, 64,
+                             torch.zeros(63, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="no packing"):  # a packing is bf16
+        NATIVE.packed_linear(torch.zeros(1, 32, dtype=torch.bfloat16), packed.float(), 64)
     with pytest.raises(ValueError, match="no whole number of 64-row panels"):
         Kernels.pack(torch.zeros(96, 32, dtype=torch.bfloat16), gated=True)
 

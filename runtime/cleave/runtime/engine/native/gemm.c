@@ -54,7 +54,7 @@ static inline __attribute__((always_inline)) void block(
   if (silu) { /* the gate_up output is rounded to bf16 first, as torch's would be */
     for (int j = 0; j < 2; j++)
       for (int m = 0; m < mr; m++)
-        store_bf16x16_masked(y + m * ldy + NP / 2 * p + 16 * j, 0xffff, silu_mul16(
+        store_bf16x16(y + m * ldy + NP / 2 * p + 16 * j, silu_mul16(
             round_bf16(acc[m][j]), round_bf16(acc[m][j + 2])));
     return;
   }

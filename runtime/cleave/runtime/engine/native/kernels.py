@@ -74,7 +74,8 @@ class Kernels:
     @staticmethod
     def takes_linear(weight: torch.Tensor) -> bool:
         """Whether :meth:`pack` takes this weight: bf16 on the CPU, row-major, and an input
-        width the kernel's 32-wide steps divide."""
+        width of whole 32-element vectors (gemm.c steps by pairs; the decode layer's other
+        kernels and the tests assume the wider step)."""
         return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
                 and weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] % 32 == 0)
 
@@ -99,8 +100,10 @@ class Kernels:
         """Rows ``ids`` of the weight :meth:`pack` packed, ``[*ids.shape, in]`` (a tied LM
         head's embedding lookup, as F.embedding); ids past ``out_features`` raise, as its
         do."""
-        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < out_features:
-            raise IndexError(f"token ids must be in [0, {out_features})")
+        if ids.numel():
+            low, high = torch.aminmax(ids)
+            if not 0 <= int(low) <= int(high) < out_features:
+                raise IndexError(f"token ids must be in [0, {out_features})")
         return packed[ids // PANEL, :, ids % PANEL].reshape(*ids.shape, 2 * packed.shape[1])
 
     def packed_linear(self, x: torch.Tensor, packed: torch.Tensor, out_features: int,

@@ -35,15 +35,13 @@ static inline __m512 round_bf16(__m512 x) { /* fp32 -> nearest-even bf16 -> fp32
   return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, _mm512_castsi512_ps(quiet));
 }
 
-static inline void store_bf16x16(uint16_t *p, __m512 x) { /* x already bf16-valued */
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(
-      _mm512_castps_si512(x), 16)));
-}
-
+/* the lanes in ``keep`` of x (already bf16-valued) to p */
 static inline void store_bf16x16_masked(uint16_t *p, __mmask16 keep, __m512 x) {
   _mm256_mask_storeu_epi16(p, keep, _mm512_cvtepi32_epi16(
       _mm512_srli_epi32(_mm512_castps_si512(x), 16)));
 }
+
+static inline void store_bf16x16(uint16_t *p, __m512 x) { store_bf16x16_masked(p, 0xffff, x); }
 
 static inline __m512 load_bf16x16(const uint16_t *p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(
