@@ -153,11 +153,11 @@ def decode_bandwidth(engine: LLMEngine, bandwidth: float) -> tuple[float, float]
 
 def native_status(engine: LLMEngine) -> str:
     """Whether this run's engine used the native CPU kernels (engine/native), or why not."""
-    if getattr(engine.model, "native_decode", None) is not None:
+    if getattr(engine.model, "native_layers", None) is not None:
         return "on"
     if kernels() is None:
         return f"off: {build().reason}"
-    return "partly: not the one-call decode layer (the model's layers are not Llama-shaped)"
+    return "partly: not the one-call layer (the model's layers are not Llama-shaped)"
 
 
 def count_families() -> tuple[int, int]:

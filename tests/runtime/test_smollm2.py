@@ -10,6 +10,7 @@ from hf_reference import hf_greedy
 
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
+from cleave.runtime.engine.paged_model import AttentionBatch
 from cleave.runtime.engine.sequence import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -46,38 +47,42 @@ def test_default_model_by_name_or_by_path_is_one_identity() -> None:
     assert by_name.directory == by_path.directory  # converted once, shared
 
 
-def test_bf16_native_decode_layers_give_the_op_by_op_paths_tokens() -> None:
-    """bf16 on a CPU with the native kernels: a decode step runs each layer in one native call
-    (dense/native_decode.py) instead of the same kernels called op by op from Python (the
-    path prefill steps take). Both round alike, so the same prompts give the same greedy
-    tokens either way, decoded in a batch of 40 (it has no row limit). (Each kernel against
-    torch's ops: test_native_kernels.py, test_native_linear.py.)"""
-    engine = LLMEngine(EngineConfig(dtype="bfloat16", kv_cache_bytes=1 << 28),
-                       progress=lambda _: None)
+def test_bf16_native_layers_give_the_op_by_op_paths_tokens() -> None:
+    """bf16 on a CPU with the native kernels: every step runs each layer in one native call
+    (dense/native_layers.py) instead of the same kernels called op by op from Python. Both
+    round alike, so the same prompts give the same greedy tokens either way. A 96-token step
+    budget makes every kind of step: prompts cut into chunks over earlier context, decodes
+    riding along with chunks, and decode-only steps of all 40 sequences (no row limit).
+    (Each kernel against torch's ops: test_native_kernels.py, test_native_linear.py.)"""
+    engine = LLMEngine(EngineConfig(dtype="bfloat16", kv_cache_bytes=1 << 28,
+                                    max_num_batched_tokens=96), progress=lambda _: None)
     model = engine.model
-    native = getattr(model, "native_decode", None)
+    native = getattr(model, "native_layers", None)
     if native is None:
         pytest.skip("native kernels unavailable here (no AVX512-BF16 or no C compiler)")
     prompts = [
         engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]),
         engine.tokenize("The three primary colors are"),
-        engine.tokenize("def fibonacci(n):\n    " * 6),
+        engine.tokenize("def fibonacci(n):\n    " * 20),  # 140 tokens: two chunks at least
         *(engine.tokenize(f"Count from {i} to {i + 9}:") for i in range(37)),
     ]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    runs, widest = 0, 0
+    kinds: set[str] = set()
     real_run = native.run
 
-    def counted(h: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        nonlocal runs, widest
-        runs, widest = runs + 1, max(widest, h.shape[0])
-        return real_run(h, *args, **kwargs)
+    def counted(h: torch.Tensor, batch: AttentionBatch, *args: Any) -> torch.Tensor:
+        decodes = sum(g.count for g in batch.decode_groups)
+        kinds.add("decode-only" if not batch.prefills else "mixed" if decodes else "prefill")
+        if any(context for _, _, context, *_ in batch.prefills):
+            kinds.add("chunk over context")
+        if decodes == len(prompts):
+            kinds.add("all decoding")
+        return real_run(h, batch, *args)
 
     native.run = counted  # type: ignore[method-assign]
     with_native = [r.token_ids for r in engine.generate(prompts, params)]
-    assert runs >= 23  # every decode-only step (the last 23 tokens of each prompt, batched)
-    assert widest == len(prompts)
-    model.native_decode = None  # type: ignore[attr-defined]
+    assert kinds == {"decode-only", "mixed", "prefill", "chunk over context", "all decoding"}
+    model.native_layers = None  # type: ignore[attr-defined]
     engine.block_manager.reset_prefix_cache()  # recompute the prompts too
     without = [r.token_ids for r in engine.generate(prompts, params)]
     assert with_native == without

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from cleave.runtime.engine.dense import native_decode
+from cleave.runtime.engine.dense import native_layers
 from cleave.runtime.engine.dense.attention import AttentionConfig, paged_attention
 from cleave.runtime.engine.dense.linear import Linear
 from cleave.runtime.engine.dense.norms import RMSNorm
@@ -83,7 +83,7 @@ class PagedDecoder:
         full_rotary = all(rope.rotary_dim == spec.shape.head_dim for rope in ropes)
         self.native_rotary = (kernels() if full_rotary and self.layers[0].qkv.native is not None
                               and Kernels.takes_head_dim(spec.shape.head_dim) else None)
-        self.native_decode = native_decode.build(
+        self.native_layers = native_layers.build(
             native, self.layers, self.attention, self.nq, self.nkv, spec.shape.head_dim,
             spec.rms_norm_eps, eligible=len(ropes) == 1 and full_rotary and shard is None)
 
@@ -115,9 +115,9 @@ class PagedDecoder:
         if self.embed_scale is not None:
             h = h * self.embed_scale
         rotary = {key: table.at(batch.positions) for key, table in self._tables.items()}
-        if self.native_decode is not None and self.native_decode.takes(batch, h.shape[0]):
+        if self.native_layers is not None and self.native_layers.takes(batch, h.shape[0]):
             cos, sin = rotary[self.spec.layers[0].rope]
-            h = self.native_decode.run(h, batch, cos, sin, k_pool, v_pool)
+            h = self.native_layers.run(h, batch, cos, sin, k_pool, v_pool)
         else:
             for i, (layer, k_cache, v_cache) in enumerate(
                     zip(self.layers, k_pool, v_pool, strict=True)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +27,7 @@ class LayerArgs(ctypes.Structure):
                 ("post_norm", _P), ("gate_up", _P), ("down", _P)]
 
     def scratch_words(self, rows: int) -> int:
-        """bf16 elements of ``decode_layer_bf16``'s scratch for ``rows`` tokens: the normed
+        """bf16 elements of ``step_layer_bf16``'s scratch for ``rows`` tokens: the normed
         input, qkv, the attention output and the activation (layer.c's bbuf)."""
         nq, nkv, d = int(self.nq), int(self.nkv), int(self.d)  # ctypes fields read as Any
         return rows * (int(self.hidden) + (nq + 2 * nkv) * d + nq * d + int(self.inter))
@@ -53,9 +54,9 @@ class Kernels:
         self._attention.argtypes = [_P, _L, _P, _P, _L, _L, _P, _L, _P, _L, _L, _L, _L,
                                     ctypes.c_float, _P, _P]
         self._attention.restype = None
-        self._layer = lib.decode_layer_bf16
+        self._layer = lib.step_layer_bf16
         self._layer.argtypes = [ctypes.POINTER(LayerArgs), _P, _L, _P, _P, _P, _P, _L, _L, _P,
-                                _P, _L, _P, _P, _P]
+                                _L, _P, _L, _P, _L, _P, _P, _L, _P, _P]
         self._layer.restype = None
         self._prefill = lib.prefill_attention_bf16
         self._prefill.argtypes = [_P, _L, _P, _P, _L, _L, _P, _L, _L, _L, _L, _L,
@@ -218,17 +219,64 @@ class Kernels:
         self._rotary(x.data_ptr(), x.shape[0], x.stride(0), heads, d, cos.data_ptr(),
                      sin.data_ptr())
 
-    def decode_layer(self, args: LayerArgs, h: torch.Tensor, rows: int, cos: torch.Tensor,
-                     sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                     blocks: int, bs: int, slots: torch.Tensor, tables: torch.Tensor,
-                     lengths: torch.Tensor, fbuf: torch.Tensor, bbuf: torch.Tensor) -> None:
-        """One layer's decode forward over ``h`` in place; ``bbuf`` holds
-        ``args.scratch_words(rows)`` bf16, ``fbuf`` nq / nkv * table width * bs floats; every
-        tensor contiguous, indices int64 (:func:`check_indices`)."""
-        self._layer(ctypes.byref(args), h.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(),
-                    k_pool.data_ptr(), v_pool.data_ptr(), blocks, bs, slots.data_ptr(),
-                    tables.data_ptr(), tables.shape[1], lengths.data_ptr(), fbuf.data_ptr(),
-                    bbuf.data_ptr())
+    def step_layer(self, args: LayerArgs, h: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                   index: StepIndex, bbuf: torch.Tensor) -> None:
+        """One layer's forward over ``h [rows, hidden]`` in place, the step's decodes and
+        prefill chunks alike; ``bbuf`` holds ``args.scratch_words(rows)`` bf16; ``cos``/``sin``
+        ``[rows, d]``; every tensor contiguous."""
+        _, blocks, bs, _ = k_pool.shape
+        self._layer(ctypes.byref(args), h.data_ptr(), h.shape[0], cos.data_ptr(), sin.data_ptr(),
+                    k_pool.data_ptr(), v_pool.data_ptr(), blocks, bs, index.slots.data_ptr(),
+                    index.lengths.numel(), index.tables.data_ptr(), index.tables.shape[1],
+                    index.lengths.data_ptr(), index.spans.shape[0], index.spans.data_ptr(),
+                    index.chunk_tables.data_ptr(), index.chunk_tables.shape[1],
+                    index.fbuf.data_ptr(), bbuf.data_ptr())
+
+    def step_index(self, slots: torch.Tensor, tables: torch.Tensor, lengths: torch.Tensor,
+                   spans: torch.Tensor, chunk_tables: torch.Tensor, block_size: int,
+                   group: int, d: int) -> StepIndex:
+        """A step's :class:`StepIndex`, checked, with the attention scratch its calls need
+        for query groups of ``group`` heads of width ``d``."""
+        check_step(slots, tables, lengths, spans, chunk_tables, block_size)
+        floats = group * tables.shape[1] * block_size
+        for _, length, context in spans.tolist():
+            floats = max(floats, int(self._prefill_scratch(context + length, d)))
+        return StepIndex(slots, tables, lengths, spans, chunk_tables,
+                         torch.empty(floats, dtype=torch.float32))
+
+
+@dataclass(frozen=True)
+class StepIndex:
+    """Where a step's rows read and write the pool, as :meth:`Kernels.step_layer` takes it
+    (built by :meth:`Kernels.step_index`): every index contiguous int64."""
+
+    slots: torch.Tensor  # [rows]: each row's new KV slot
+    tables: torch.Tensor  # [decodes, width]: the decode rows' (the first rows) block tables
+    lengths: torch.Tensor  # [decodes]: their keys, the new one included
+    spans: torch.Tensor  # [chunks, 3]: each prefill chunk's first row, length and context
+    chunk_tables: torch.Tensor  # [chunks, width]: their block tables, zero-padded
+    fbuf: torch.Tensor  # fp32 attention scratch: the most any one call takes
+
+
+def check_step(slots: torch.Tensor, tables: torch.Tensor, lengths: torch.Tensor,
+               spans: torch.Tensor, chunk_tables: torch.Tensor, block_size: int) -> None:
+    """What the step kernel trusts: the decodes, then the chunks in order, tile the rows (one
+    slot each), and no decode or chunk runs past its block table."""
+    check_indices(tables, lengths, block_size, slots, spans, chunk_tables)
+    if any(not t.is_contiguous() for t in (slots, tables, lengths, spans, chunk_tables)):
+        raise ValueError("native step: indices must be contiguous")
+    first = lengths.numel()
+    for start, length, context in spans.tolist():
+        if start != first or length <= 0 or context < 0:
+            raise ValueError(f"native step: chunk ({start}, {length}, {context}) does not "
+                             f"start at row {first}")
+        if context + length > chunk_tables.shape[1] * block_size:
+            raise ValueError("native step: a chunk runs past its block table")
+        first += length
+    if first != slots.numel():
+        raise ValueError(f"native step: decodes and chunks cover {first} of "
+                         f"{slots.numel()} rows")
 
 
 @functools.cache

@@ -1,9 +1,11 @@
-/* One whole decoder layer for a decode step (Llama-shaped families), and its row kernels.
- * A decode step of the default model issued about 1,700 torch calls for its small ops (norms,
- * rotary, residual adds, SiLU-and-mul, KV writes): several microseconds of dispatch and a new
- * tensor each, a fixed cost of milliseconds per step whatever the batch. This runs a layer's
- * whole decode forward in one call, with the same roundings as the torch path: every op's
- * result is rounded to bf16 where torch's bf16 op would round it. */
+/* One whole decoder layer for an engine step (Llama-shaped families), and its row kernels.
+ * A step of the default model issued about 1,700 torch calls for its small ops (norms,
+ * rotary, residual adds, KV writes, slicing): several microseconds of dispatch and a new
+ * tensor each, a fixed cost of milliseconds per step whatever the batch, and passes over
+ * fresh tensors that grow with it (a 512-token prefill step spent 6 % of its forward there).
+ * This runs a layer's whole forward, decodes and prefill chunks alike, in one call, with the
+ * same roundings as the torch path: every op's result is rounded to bf16 where torch's bf16
+ * op would round it. */
 #include "simd.h"
 
 typedef struct {
@@ -57,13 +59,18 @@ void rotary_bf16(uint16_t *x, long rows, long row_stride, long heads, long d,
   for (long r = 0; r < rows; r++) rotate(x + r * row_stride, cos + r * d, sin + r * d, heads, d);
 }
 
-/* h [rows, hidden] in place. cos/sin: [rows, d]. slots: [rows] pool slots for the new KV.
- * fbuf: floats for the attention scratch; bbuf: bf16 scratch of
- * rows * (hidden + (nq + 2 nkv) d + nq d + inter) elements. */
-void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t *cos,
-                       const uint16_t *sin, uint16_t *k_pool, uint16_t *v_pool, long blocks,
-                       long bs, const int64_t *slots, const int64_t *tables, long table_width,
-                       const int64_t *lengths, float *fbuf, uint16_t *bbuf) {
+/* h [rows, hidden] in place: the step's first ``decodes`` rows are one token of a sequence
+ * each, over tables [decodes, table_width] and lengths; then ``chunks`` prefill chunks, chunk
+ * c the rows spans[3c].. of spans[3c+1] tokens after spans[3c+2] of context, over its block
+ * table chunk_tables [c, chunk_width]. cos/sin: [rows, d]. slots: [rows] pool slots for the
+ * new KV. fbuf: floats for the attention scratch, the most any one call takes; bbuf: bf16
+ * scratch of rows * (hidden + (nq + 2 nkv) d + nq d + inter) elements. */
+void step_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t *cos,
+                     const uint16_t *sin, uint16_t *k_pool, uint16_t *v_pool, long blocks,
+                     long bs, const int64_t *slots, long decodes, const int64_t *tables,
+                     long table_width, const int64_t *lengths, long chunks,
+                     const int64_t *spans, const int64_t *chunk_tables, long chunk_width,
+                     float *fbuf, uint16_t *bbuf) {
   long H = L->hidden, d = L->d, nq = L->nq, nkv = L->nkv, I = L->inter;
   long width = (nq + 2 * nkv) * d;
   uint16_t *xn = bbuf, *qkv = xn + rows * H, *attn = qkv + rows * width,
@@ -79,8 +86,15 @@ void decode_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t 
       memcpy(v_pool + at, row + (nq + nkv + hh) * d, d * 2);
     }
   }
-  decode_attention_bf16(qkv, width, k_pool, v_pool, blocks, bs, tables, table_width, lengths,
-                        rows, nq, nkv, d, L->scale, fbuf, attn);
+  if (decodes)
+    decode_attention_bf16(qkv, width, k_pool, v_pool, blocks, bs, tables, table_width, lengths,
+                          decodes, nq, nkv, d, L->scale, fbuf, attn);
+  for (long c = 0; c < chunks; c++) {
+    long first = spans[3 * c];
+    prefill_attention_bf16(qkv + first * width, width, k_pool, v_pool, blocks, bs,
+                           chunk_tables + c * chunk_width, spans[3 * c + 2], spans[3 * c + 1],
+                           nq, nkv, d, L->scale, fbuf, attn + first * nq * d);
+  }
   packed_linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d, 0);
   add_into(h, out, rows * H);
   rms_norm_bf16(h, L->post_norm, xn, rows, H, L->eps);

@@ -127,5 +127,9 @@ void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_p
                            const uint16_t *v_pool, long blocks, long bs, const int64_t *tables,
                            long table_width, const int64_t *lengths, long seqs, long nq,
                            long nkv, long d, float scale, float *scratch, uint16_t *out);
+void prefill_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_pool,
+                            const uint16_t *v_pool, long blocks, long bs, const int64_t *table,
+                            long context, long len, long nq, long nkv, long d, float scale,
+                            float *scratch, uint16_t *out);
 
 #endif

@@ -1,7 +1,7 @@
-"""A decode step's layers run by the native kernels, one call per layer (native/layer.c
-``decode_layer_bf16``), for Llama-shaped layers: pre-norms only, full rotary, plain causal
-attention, a dense SiLU MLP, one rank, bf16 on an AVX512-BF16 CPU, every linear packed for
-native/gemm.c (gate_up with SiLU-and-mul fused). Steps with prefill chunks and other layers
+"""A step's layers run by the native kernels, one call per layer (native/layer.c
+``step_layer_bf16``: decodes and prefill chunks alike), for Llama-shaped layers: pre-norms
+only, full rotary, plain causal attention, a dense SiLU MLP, one rank, bf16 on an AVX512-BF16
+CPU, every linear packed for native/gemm.c (gate_up with SiLU-and-mul fused). Other layers
 take the torch path, whose roundings the kernel keeps op for op."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from cleave.runtime.engine.dense.attention import AttentionConfig
 from cleave.runtime.engine.dense.mlp import DenseMLP
 from cleave.runtime.engine.dense.weights import LayerWeights
-from cleave.runtime.engine.native.kernels import Kernels, LayerArgs, check_indices
+from cleave.runtime.engine.native.kernels import Kernels, LayerArgs, StepIndex
 from cleave.runtime.engine.paged_model import AttentionBatch
 
 
@@ -47,7 +47,7 @@ def layer_args(layer: LayerWeights, cfg: AttentionConfig, nq: int, nkv: int, d: 
         _ptr(mlp.gate_up.weight), _ptr(mlp.down.weight))
 
 
-class NativeDecode:
+class NativeLayers:
     """Every layer of a model in the kernel's terms; built only when every layer qualifies,
     all with one shape (so one scratch layout serves them all)."""
 
@@ -58,40 +58,51 @@ class NativeDecode:
 
     @staticmethod
     def takes(batch: AttentionBatch, tokens: int) -> bool:
-        return not batch.prefills and tokens > 0
+        """Every step with tokens whose prefill chunks read the pool through a table."""
+        return tokens > 0 and all(table is not None for *_, table, _ in batch.prefills)
 
     def run(self, h: torch.Tensor, batch: AttentionBatch, cos: torch.Tensor,
             sin: torch.Tensor, k_pool: list[torch.Tensor],
             v_pool: list[torch.Tensor]) -> torch.Tensor:
         """All layers over ``h [tokens, hidden]`` (a fresh tensor, updated in place)."""
-        tables, lengths = _one_table(batch)
         rows, shape = h.shape[0], self.layers[0]
-        _, blocks, bs, _ = k_pool[0].shape
-        check_indices(tables, lengths, bs, batch.slot_mapping)
+        index = self._index(batch, k_pool[0].shape[2])
         bbuf = torch.empty(shape.scratch_words(rows), dtype=torch.bfloat16)
-        fbuf = torch.empty(shape.nq // shape.nkv * tables.shape[1] * bs, dtype=torch.float32)
         h = h.contiguous()
         cos = cos.reshape(rows, -1).contiguous()
         sin = sin.reshape(rows, -1).contiguous()
         for args, k, v in zip(self.layers, k_pool, v_pool, strict=True):
-            self.kernels.decode_layer(args, h, rows, cos, sin, k, v, blocks, bs,
-                                      batch.slot_mapping, tables, lengths, fbuf, bbuf)
+            self.kernels.step_layer(args, h, cos, sin, k, v, index, bbuf)
         return h
 
+    def _index(self, batch: AttentionBatch, block_size: int) -> StepIndex:
+        tables, lengths = _stacked([g.block_tables for g in batch.decode_groups],
+                                   [g.lengths for g in batch.decode_groups])
+        chunk_tables, _ = _stacked([table for *_, table, _ in batch.prefills
+                                    if table is not None], [])
+        spans = torch.tensor([(first, length, context)
+                              for first, length, context, *_ in batch.prefills],
+                             dtype=torch.int64).reshape(-1, 3)
+        shape = self.layers[0]
+        return self.kernels.step_index(batch.slot_mapping.contiguous(), tables, lengths, spans,
+                                       chunk_tables, block_size, shape.nq // shape.nkv,
+                                       shape.d)
 
-def _one_table(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's decode groups' block tables as one ``[seqs, widest]`` table, and lengths."""
-    groups = batch.decode_groups
-    if len(groups) == 1:
-        return groups[0].block_tables, groups[0].lengths
-    width = max(g.block_tables.shape[1] for g in groups)
-    tables = torch.cat([F.pad(g.block_tables, (0, width - g.block_tables.shape[1]))
-                        for g in groups])
-    return tables, torch.cat([g.lengths for g in groups])
+
+def _stacked(tables: list[torch.Tensor], lengths: list[torch.Tensor]
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables (each ``[n, width]`` or ``[width]``) as one zero-padded ``[rows, widest]``
+    int64 table, and their lengths as one vector."""
+    tables = [t.view(-1, t.shape[-1]) for t in tables]
+    width = max((t.shape[1] for t in tables), default=0)
+    table = (torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables]) if tables
+             else torch.zeros(0, 0, dtype=torch.int64))
+    length = torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.int64)
+    return table.contiguous(), length
 
 
 def build(kernels: Kernels | None, layers: list[LayerWeights], configs: list[AttentionConfig],
-          nq: int, nkv: int, d: int, eps: float, eligible: bool) -> NativeDecode | None:
+          nq: int, nkv: int, d: int, eps: float, eligible: bool) -> NativeLayers | None:
     """``eligible``: the model-wide conditions (one full-width rotary table, one rank)."""
     if kernels is None or not eligible:
         return None
@@ -100,4 +111,4 @@ def build(kernels: Kernels | None, layers: list[LayerWeights], configs: list[Att
     kept = [a for a in args if a is not None]
     if len(kept) < len(args) or len({(a.hidden, a.inter) for a in kept}) != 1:
         return None  # one buffer layout serves every layer
-    return NativeDecode(kernels, kept, layers)
+    return NativeLayers(kernels, kept, layers)
