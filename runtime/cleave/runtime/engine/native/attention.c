@@ -5,10 +5,11 @@
 /* sc[g * len + p] = scale * q_g.k_p for the group's query heads g (rows q + g * d) and keys
  * 0..len-1, 16 keys at a time: each block of keys is read from memory once for all the heads
  * (a head at a time read it once each, from L2 after the first: 350 keys of 64 are 45 KB).
- * dz = d / 32 is a constant at each call site, so a head's query stays in registers. */
+ * dz = d / 32 is a constant at each call site, so a head's query stays in registers. Each
+ * key's value row (v_off past it) is fetched into L2 for the values' pass that follows. */
 static inline __attribute__((always_inline)) void group_scores(
-    const uint16_t *q, long group, const uint16_t *kh, const int64_t *table, long bs,
-    const int dz, long len, float scale, float *sc) {
+    const uint16_t *q, long group, const uint16_t *kh, long v_off, const int64_t *table,
+    long bs, const int dz, long len, float scale, float *sc) {
   rows_t rows = {kh, table, bs, dz * 32, 0, 0};
   const uint16_t *keys[16];
   const uint16_t *key = kh;
@@ -16,6 +17,8 @@ static inline __attribute__((always_inline)) void group_scores(
     for (int j = 0; j < 16; j++) {
       if (p0 + j < len) key = next_row(&rows); /* a short last chunk repeats its last key */
       keys[j] = key;
+      for (int c = 0; c < dz; c++)
+        _mm_prefetch((const char *)(key + v_off + 32 * c), _MM_HINT_T1);
     }
     for (long g = 0; g < group; g++) {
       __m512bh qv[8];
@@ -33,12 +36,12 @@ static inline __attribute__((always_inline)) void group_scores(
   }
 }
 
-static void scores(const uint16_t *q, long group, const uint16_t *kh, const int64_t *table,
-                   long bs, long d, long len, float scale, float *sc) {
+static void scores(const uint16_t *q, long group, const uint16_t *kh, long v_off,
+                   const int64_t *table, long bs, long d, long len, float scale, float *sc) {
   switch (d) {
-    case 64: group_scores(q, group, kh, table, bs, 2, len, scale, sc); break;
-    case 128: group_scores(q, group, kh, table, bs, 4, len, scale, sc); break;
-    default: group_scores(q, group, kh, table, bs, (int)(d / 32), len, scale, sc);
+    case 64: group_scores(q, group, kh, v_off, table, bs, 2, len, scale, sc); break;
+    case 128: group_scores(q, group, kh, v_off, table, bs, 4, len, scale, sc); break;
+    default: group_scores(q, group, kh, v_off, table, bs, (int)(d / 32), len, scale, sc);
   }
 }
 
@@ -68,14 +71,16 @@ static float exp_bf16_inplace(float *sc, long len) {
 }
 
 /* o_r = bf16(inv[r] * sum_p e_r[p] * v_p) for rows r < nr (<= MAXR: query heads of one kv
- * head) over the same values, two keys at a time: each pair of value rows is interleaved
- * (a_0 b_0 a_1 b_1 ...) once for all the rows, whose bf16 weight pairs (e_r[p], e_r[p+1]) it
+ * head) over the same values, two keys at a time (and two rows of the ``ahead`` stream, the
+ * next sequence's keys, fetched into L2 while ahead_left lasts): each pair of value rows is
+ * interleaved (a_0 b_0 a_1 b_1 ...) once for all the rows, whose bf16 weight pairs (e_r[p], e_r[p+1]) it
  * meets in VDPBF16PS, half the instructions of fp32 multiply-adds on converted values.
  * e_r = e + r * e_stride (bf16, even-padded); dz = d / 32 is a constant at each call site so
  * the accumulators (2 dz a row) stay in registers. */
 static inline __attribute__((always_inline)) void weighted_values(
     const uint16_t *e, long e_stride, const float *inv, long nr, const uint16_t *vh,
-    const int64_t *table, long bs, long len, const int dz, uint16_t *o, long o_stride) {
+    const int64_t *table, long bs, long len, const int dz, uint16_t *o, long o_stride,
+    rows_t *ahead, long ahead_left) {
   enum { MAXR = 4 };
   __m512 acc[MAXR][16];
   for (int r = 0; r < MAXR; r++)
@@ -83,6 +88,10 @@ static inline __attribute__((always_inline)) void weighted_values(
   rows_t rows = {vh, table, bs, dz * 32, 0, 0};
   for (long p = 0; p < len; p += 2) {
     const uint16_t *va = next_row(&rows), *vb = p + 1 < len ? next_row(&rows) : NULL;
+    for (int a = 0; a < 2 && ahead_left > 0; a++, ahead_left--) {
+      const uint16_t *k = next_row(ahead);
+      for (int c = 0; c < dz; c++) _mm_prefetch((const char *)(k + 32 * c), _MM_HINT_T1);
+    }
     __m512i lo[8], hi[8];
     for (int c = 0; c < dz; c++) {
       __m512i a = _mm512_loadu_si512(va + 32 * c);
@@ -119,14 +128,20 @@ static inline __attribute__((always_inline)) void weighted_values(
 /* weighted_values with d's constant picked; nr <= rows_per_pass(d) */
 static void values(const uint16_t *e, long e_stride, const float *inv, long nr,
                    const uint16_t *vh, const int64_t *table, long bs, long len, long d,
-                   uint16_t *o, long o_stride) {
+                   uint16_t *o, long o_stride, rows_t *ahead, long ahead_left) {
   switch (d) {
-    case 64: weighted_values(e, e_stride, inv, nr, vh, table, bs, len, 2, o, o_stride); break;
-    case 128: weighted_values(e, e_stride, inv, nr, vh, table, bs, len, 4, o, o_stride); break;
+    case 64:
+      weighted_values(e, e_stride, inv, nr, vh, table, bs, len, 2, o, o_stride, ahead,
+                      ahead_left);
+      break;
+    case 128:
+      weighted_values(e, e_stride, inv, nr, vh, table, bs, len, 4, o, o_stride, ahead,
+                      ahead_left);
+      break;
     default:
       for (long r = 0; r < nr; r++)
         weighted_values(e + r * e_stride, 0, inv + r, 1, vh, table, bs, len, (int)(d / 32),
-                        o + r * o_stride, 0);
+                        o + r * o_stride, 0, ahead, r ? 0 : ahead_left);
   }
 }
 
@@ -157,12 +172,22 @@ void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_p
     for (long s = 0; s < seqs; s++) {
       long len = lengths[s];
       const int64_t *table = tables + s * table_width;
-      scores(q + s * q_stride + h * group * d, group, kh, table, bs, d, len, scale, scratch);
+      scores(q + s * q_stride + h * group * d, group, kh, vh - kh, table, bs, d, len, scale,
+             scratch);
       for (long g = 0; g < group; g++) inv[g] = exp_bf16_inplace(scratch + g * len, len);
+      /* the next sequence's keys (the next head's first), fetched into L2 while these
+       * values are read. With the values fetched during the scores, every stream is
+       * requested ahead of its use: a sequence's blocks start cold wherever one does not
+       * follow the last (the hardware prefetcher ramps up per run), and the little
+       * arithmetic per byte hides none of it. Decode steps of the workload, replayed with
+       * their block tables: 21 % faster; all keys in cache: 15 % slower. */
+      long ns = s + 1 < seqs ? s + 1 : 0, nh = s + 1 < seqs ? h : h + 1;
+      rows_t ahead = {k_pool + nh * blocks * bs * d, tables + ns * table_width, bs, d, 0, 0};
+      long ahead_left = nh < nkv ? lengths[ns] : 0;
       for (long g = 0; g < group; g += per) {
         long nr = group - g < per ? group - g : per;
         values((const uint16_t *)(scratch + g * len), 2 * len, inv + g, nr, vh, table, bs, len,
-               d, out + (s * nq + h * group + g) * d, d);
+               d, out + (s * nq + h * group + g) * d, d, &ahead, g ? 0 : ahead_left);
       }
     }
   }
