@@ -73,8 +73,9 @@ static float exp_bf16_inplace(float *sc, long len) {
 /* o_r = bf16(inv[r] * sum_p e_r[p] * v_p) for rows r < nr (<= MAXR: query heads of one kv
  * head) over the same values, two keys at a time (and two rows of the ``ahead`` stream, the
  * next sequence's keys, fetched into L2 while ahead_left lasts): each pair of value rows is
- * interleaved (a_0 b_0 a_1 b_1 ...) once for all the rows, whose bf16 weight pairs (e_r[p], e_r[p+1]) it
- * meets in VDPBF16PS, half the instructions of fp32 multiply-adds on converted values.
+ * interleaved (a_0 b_0 a_1 b_1 ...) once for all the rows, whose bf16 weight pairs
+ * (e_r[p], e_r[p+1]) it meets in VDPBF16PS, half the instructions of fp32 multiply-adds on
+ * converted values.
  * e_r = e + r * e_stride (bf16, even-padded); dz = d / 32 is a constant at each call site so
  * the accumulators (2 dz a row) stay in registers. */
 static inline __attribute__((always_inline)) void weighted_values(
