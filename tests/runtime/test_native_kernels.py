@@ -11,14 +11,9 @@ import torch
 from cleave.runtime.engine.dense import linear as linear_module
 from cleave.runtime.engine.native import build as build_module
 from cleave.runtime.engine.native import kernels as kernels_module
+from cleave.runtime.engine.native.args import LayerArgs, check_indices, check_step
 from cleave.runtime.engine.native.build import CPU_FLAGS, Built, build, cpu_flags, unavailable
-from cleave.runtime.engine.native.kernels import (
-    Kernels,
-    LayerArgs,
-    check_indices,
-    check_step,
-    kernels,
-)
+from cleave.runtime.engine.native.kernels import Kernels, kernels
 
 NATIVE = kernels()
 needs_native = pytest.mark.skipif(
@@ -194,6 +189,31 @@ def test_row_kernels_round_as_the_torch_ops_they_replace() -> None:
             NATIVE.rotary_(torch.zeros(2, width, dtype=torch.bfloat16), 1, width,
                            torch.zeros(2, width, dtype=torch.bfloat16),
                            torch.zeros(2, width, dtype=torch.bfloat16))
+
+
+@needs_native
+def test_argmax_picks_as_torch_does() -> None:
+    """The sampler's greedy pick (argmax_f32): torch.argmax's index on every row, the first
+    of tied largest values, the first NaN, an all -inf row, widths that are not whole 16-lane
+    vectors."""
+    assert NATIVE is not None
+    torch.manual_seed(0)
+    for width in (1, 15, 16, 17, 49152):
+        x = torch.randn(9, width)
+        x[1] = 2.0  # every value tied: the first
+        x[2] = float("-inf")
+        x[3, width // 2] = float("nan")
+        x[4, width - 1] = float("nan")
+        x[5, :] = x[5].clamp(max=1.0)
+        x[5, width - 1] = x[5, 0] = 3.0  # a tie across lanes and vectors
+        x[6, width - 1] = 1e30  # the largest in the last, partly filled, vector
+        x[7, : width // 2] = float("-inf")
+        want = x.argmax(dim=-1).tolist()
+        assert Kernels.takes_argmax(x)
+        assert NATIVE.argmax(x) == want, width
+    for refused in (torch.zeros(2, 4, dtype=torch.bfloat16), torch.zeros(4, 2).t(),
+                    torch.zeros(4), torch.zeros(2, 0)):
+        assert not Kernels.takes_argmax(refused)
 
 
 def test_kernels_step_aside_for_more_torch_threads() -> None:

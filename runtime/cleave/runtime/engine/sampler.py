@@ -21,6 +21,7 @@ from typing import Final
 import torch
 
 from cleave.runtime.engine.grammar import mask_words
+from cleave.runtime.engine.native.kernels import Kernels, kernels
 from cleave.runtime.engine.sequence import Sequence, TokenLogprob
 
 # Prompt positions scored at once (prompt_logprobs): their temporaries are this many rows of
@@ -165,7 +166,8 @@ def sample(logits: torch.Tensor,
            seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
     """One token per row of fp32 ``logits`` ``[len(seqs), vocab]``."""
     chosen = adjust(logits, seqs)
-    tokens = chosen.argmax(dim=-1).tolist()
+    native = kernels() if Kernels.takes_argmax(chosen) else None
+    tokens = native.argmax(chosen) if native is not None else chosen.argmax(dim=-1).tolist()
     for row, seq in enumerate(seqs):
         p = seq.params
         if p.greedy:

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from cleave.runtime.engine.dense.attention import AttentionConfig
 from cleave.runtime.engine.dense.mlp import DenseMLP
 from cleave.runtime.engine.dense.weights import LayerWeights
-from cleave.runtime.engine.native.kernels import Kernels, LayerArgs, StepIndex
+from cleave.runtime.engine.native.args import LayerArgs, StepIndex
+from cleave.runtime.engine.native.kernels import Kernels
 from cleave.runtime.engine.paged_model import AttentionBatch
 
 

@@ -6,41 +6,16 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from dataclasses import dataclass
 
 import torch
 
+from cleave.runtime.engine.native.args import LayerArgs, StepIndex, check_indices, check_step
 from cleave.runtime.engine.native.build import Built, build
 
 log = logging.getLogger(__name__)
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
 PANEL = 64  # gemm.c's NP: outputs a panel of a packed weight
-
-
-class LayerArgs(ctypes.Structure):
-    """layer.c's ``layer_t``: a layer's sizes and the addresses of its bf16 weights."""
-
-    _fields_ = [("hidden", _L), ("nq", _L), ("nkv", _L), ("d", _L), ("inter", _L),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float),
-                ("in_norm", _P), ("qkv", _P), ("qkv_bias", _P), ("o", _P), ("o_bias", _P),
-                ("post_norm", _P), ("gate_up", _P), ("down", _P)]
-
-    def scratch_words(self, rows: int) -> int:
-        """bf16 elements of ``step_layer_bf16``'s scratch for ``rows`` tokens: the normed
-        input, qkv, the attention output and the activation (layer.c's bbuf)."""
-        nq, nkv, d = int(self.nq), int(self.nkv), int(self.d)  # ctypes fields read as Any
-        return rows * (int(self.hidden) + (nq + 2 * nkv) * d + nq * d + int(self.inter))
-
-
-def check_indices(tables: torch.Tensor, lengths: torch.Tensor, block_size: int,
-                  *others: torch.Tensor) -> None:
-    """What the attention kernels trust: int64 indices (tables, lengths and any ``others``,
-    e.g. slots) and no length past its table, whose width sizes their scratch."""
-    if any(t.dtype != torch.int64 for t in (tables, lengths, *others)):
-        raise ValueError("native attention: block tables, lengths and slots must be int64")
-    if lengths.numel() and int(lengths.max()) > tables.shape[1] * block_size:
-        raise ValueError("native attention: a length runs past its block table")
 
 
 class Kernels:
@@ -71,6 +46,9 @@ class Kernels:
         self._rotary = lib.rotary_bf16
         self._rotary.argtypes = [_P, _L, _L, _L, _L, _P, _P]
         self._rotary.restype = None
+        self._argmax = lib.argmax_f32
+        self._argmax.argtypes = [_P, _L, _L, _P]
+        self._argmax.restype = None
 
     @staticmethod
     def takes_linear(weight: torch.Tensor) -> bool:
@@ -219,6 +197,19 @@ class Kernels:
         self._rotary(x.data_ptr(), x.shape[0], x.stride(0), heads, d, cos.data_ptr(),
                      sin.data_ptr())
 
+    @staticmethod
+    def takes_argmax(logits: torch.Tensor) -> bool:
+        """Whether :meth:`argmax` takes ``logits``: fp32 rows on the CPU, contiguous."""
+        return (logits.device.type == "cpu" and logits.dtype == torch.float32
+                and logits.dim() == 2 and logits.shape[1] > 0 and logits.is_contiguous())
+
+    def argmax(self, logits: torch.Tensor) -> list[int]:
+        """``logits.argmax(dim=-1).tolist()`` (first largest, or first NaN) for
+        :meth:`takes_argmax` logits."""
+        idx = torch.empty(logits.shape[0], dtype=torch.int64)
+        self._argmax(logits.data_ptr(), logits.shape[0], logits.shape[1], idx.data_ptr())
+        return idx.tolist()
+
     def step_layer(self, args: LayerArgs, h: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                    index: StepIndex, bbuf: torch.Tensor) -> None:
@@ -244,39 +235,6 @@ class Kernels:
             floats = max(floats, int(self._prefill_scratch(context + length, d)))
         return StepIndex(slots, tables, lengths, spans, chunk_tables,
                          torch.empty(floats, dtype=torch.float32))
-
-
-@dataclass(frozen=True)
-class StepIndex:
-    """Where a step's rows read and write the pool, as :meth:`Kernels.step_layer` takes it
-    (built by :meth:`Kernels.step_index`): every index contiguous int64."""
-
-    slots: torch.Tensor  # [rows]: each row's new KV slot
-    tables: torch.Tensor  # [decodes, width]: the decode rows' (the first rows) block tables
-    lengths: torch.Tensor  # [decodes]: their keys, the new one included
-    spans: torch.Tensor  # [chunks, 3]: each prefill chunk's first row, length and context
-    chunk_tables: torch.Tensor  # [chunks, width]: their block tables, zero-padded
-    fbuf: torch.Tensor  # fp32 attention scratch: the most any one call takes
-
-
-def check_step(slots: torch.Tensor, tables: torch.Tensor, lengths: torch.Tensor,
-               spans: torch.Tensor, chunk_tables: torch.Tensor, block_size: int) -> None:
-    """What the step kernel trusts: the decodes, then the chunks in order, tile the rows (one
-    slot each), and no decode or chunk runs past its block table."""
-    check_indices(tables, lengths, block_size, slots, spans, chunk_tables)
-    if any(not t.is_contiguous() for t in (slots, tables, lengths, spans, chunk_tables)):
-        raise ValueError("native step: indices must be contiguous")
-    first = lengths.numel()
-    for start, length, context in spans.tolist():
-        if start != first or length <= 0 or context < 0:
-            raise ValueError(f"native step: chunk ({start}, {length}, {context}) does not "
-                             f"start at row {first}")
-        if context + length > chunk_tables.shape[1] * block_size:
-            raise ValueError("native step: a chunk runs past its block table")
-        first += length
-    if first != slots.numel():
-        raise ValueError(f"native step: decodes and chunks cover {first} of "
-                         f"{slots.numel()} rows")
 
 
 @functools.cache

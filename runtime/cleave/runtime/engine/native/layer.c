@@ -59,6 +59,38 @@ void rotary_bf16(uint16_t *x, long rows, long row_stride, long heads, long d,
   for (long r = 0; r < rows; r++) rotate(x + r * row_stride, cos + r * d, sin + r * d, heads, d);
 }
 
+/* idx[r] = the index torch.argmax gives for row r of x [rows, n] (fp32): its first largest
+ * value's, or its first NaN's. The sampler's greedy pick over a step's logits: torch's CPU
+ * argmax read them at 4-6 GB/s (1.4 ms for 32 rows of a 49k vocabulary). Each lane keeps its
+ * first largest (strictly greater replaces), then the lowest index among the lanes holding
+ * the row's largest. */
+void argmax_f32(const float *x, long rows, long n, int64_t *idx) {
+  const __m512i step = _mm512_set1_epi32(16);
+  for (long r = 0; r < rows; r++, x += n) {
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    __m512i at = _mm512_setzero_si512(),
+            lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __mmask16 nan = 0;
+    for (long c = 0; c < n; c += 16, lane = _mm512_add_epi32(lane, step)) {
+      __mmask16 m = first(n - c);
+      __m512 v = _mm512_mask_loadu_ps(best, m, x + c); /* lanes past n change nothing */
+      __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      best = _mm512_mask_mov_ps(best, gt, v);
+      at = _mm512_mask_mov_epi32(at, gt, lane);
+    }
+    if (nan) {
+      long c = 0;
+      while (!isnan(x[c])) c++;
+      idx[r] = c;
+      continue;
+    }
+    __mmask16 top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(_mm512_reduce_max_ps(best)),
+                                       _CMP_EQ_OQ);
+    idx[r] = _mm512_mask_reduce_min_epi32(top, at);
+  }
+}
+
 /* h [rows, hidden] in place: the step's first ``decodes`` rows are one token of a sequence
  * each, over tables [decodes, table_width] and lengths; then ``chunks`` prefill chunks, chunk
  * c the rows spans[3c].. of spans[3c+1] tokens after spans[3c+2] of context, over its block
