@@ -21,18 +21,26 @@ needs_native = pytest.mark.skipif(
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 33, 100])
 @pytest.mark.parametrize("biased", [False, True])
 def test_native_linear_is_onednn_to_the_rounding(rows: int, biased: bool) -> None:
-    """130 outputs: a ragged last panel of 64; row counts that split into uneven blocks of at
-    most 6, and up to 4 rows (no software prefetch) against more."""
+    """354 outputs: six panels of 64, the last ragged (34), which up to 3 rows take 6 / rows
+    panels at a time; row counts that split into uneven blocks of at most 6, and up to 4
+    rows (no software prefetch) against more. 130 outputs: three panels, fewer than one row
+    takes at once."""
     assert NATIVE is not None
     torch.manual_seed(rows)
-    weight = torch.randn(130, 96, dtype=torch.bfloat16)
-    bias = torch.randn(130, dtype=torch.bfloat16) if biased else None
-    wide = torch.randn(rows, 160, dtype=torch.bfloat16)
-    x = wide[:, 32:128]  # rows further apart than their width
-    got = NATIVE.packed_linear(x, Kernels.pack(weight), 130, bias)
+    for outputs in (354, 130):
+        weight = torch.randn(outputs, 96, dtype=torch.bfloat16)
+        bias = torch.randn(outputs, dtype=torch.bfloat16) if biased else None
+        wide = torch.randn(rows, 160, dtype=torch.bfloat16)
+        x = wide[:, 32:128]  # rows further apart than their width
+        got = NATIVE.packed_linear(x, Kernels.pack(weight), outputs, bias)
+        _assert_onednn_to_the_rounding(got, x, weight, bias)
+
+
+def _assert_onednn_to_the_rounding(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                   bias: torch.Tensor | None) -> None:
     onednn = F.linear(x, weight, bias)
     exact = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-    assert got.shape == (rows, 130) and got.dtype == torch.bfloat16
+    assert got.shape == onednn.shape and got.dtype == torch.bfloat16
     # one bf16 rounding of an fp32 sum: within half a bf16 step (2^-8 relative) plus fp32 noise
     assert torch.allclose(got.float(), exact, rtol=2 ** -8, atol=1e-3)
     assert (got == onednn).float().mean() >= 0.95
@@ -45,12 +53,12 @@ def test_a_rows_outputs_do_not_depend_on_its_batch() -> None:
     (oneDNN's, which the kernel replaced in prefill, varied with the shape)."""
     assert NATIVE is not None
     torch.manual_seed(1)
-    weight = torch.randn(130, 96, dtype=torch.bfloat16)
+    weight = torch.randn(354, 96, dtype=torch.bfloat16)
     x = torch.randn(40, 96, dtype=torch.bfloat16)
     packed = Kernels.pack(weight)
-    together = NATIVE.packed_linear(x, packed, 130)
-    for start, stop in ((0, 1), (7, 8), (5, 9), (33, 40)):
-        assert torch.equal(NATIVE.packed_linear(x[start:stop], packed, 130), together[start:stop])
+    together = NATIVE.packed_linear(x, packed, 354)
+    for start, stop in ((0, 1), (7, 8), (5, 9), (10, 12), (20, 23), (33, 40)):
+        assert torch.equal(NATIVE.packed_linear(x[start:stop], packed, 354), together[start:stop])
 
 
 @needs_native
@@ -84,18 +92,18 @@ def test_packing_puts_each_outputs_input_pairs_side_by_side() -> None:
 
 
 @needs_native
-@pytest.mark.parametrize("rows", [1, 5, 8, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 33])
 def test_silu_and_mul_in_the_epilogue_rounds_as_torch_does(rows: int) -> None:
     """The fused GEMM's outputs against torch's bf16 ``F.silu(gate) * up`` over the same GEMM's
     unfused gate/up (bit-identical sums: the gated packing moves rows between panels, not
     the order of any output's fp32 sum)."""
     assert NATIVE is not None
     torch.manual_seed(rows)
-    gate_up = torch.randn(192, 64, dtype=torch.bfloat16)  # 96 wide: 3 gated panels
+    gate_up = torch.randn(384, 64, dtype=torch.bfloat16)  # 192 wide: 6 gated panels
     x = torch.randn(rows, 64, dtype=torch.bfloat16) * 4  # some gates past e^-gate's overflow
-    fused = NATIVE.packed_linear(x, Kernels.pack(gate_up, gated=True), 96, silu=True)
-    gate, up = NATIVE.packed_linear(x, Kernels.pack(gate_up), 192).chunk(2, dim=-1)
-    assert fused.shape == (rows, 96)
+    fused = NATIVE.packed_linear(x, Kernels.pack(gate_up, gated=True), 192, silu=True)
+    gate, up = NATIVE.packed_linear(x, Kernels.pack(gate_up), 384).chunk(2, dim=-1)
+    assert fused.shape == (rows, 192)
     assert (gate < -88.8).any() or rows < 5  # e^-gate overflows: silu is -0, as torch's
     assert torch.equal(fused, F.silu(gate) * up)
 
