@@ -8,9 +8,9 @@
  * shapes over 30 layers, docs/architecture.md's fifth and sixth passes): 1 row streams the
  * weights in 8.0 ms (26 GB/s, six panels at once) where the row-major GEMV it replaced (4x4
  * tiles of dot products, then horizontal sums) took 14.7; 32 rows 172 GFLOP/s against 136;
- * 512 rows (prefill) 199 against oneDNN's 191. Products are bf16 x bf16 summed in fp32, rounded once to bf16 (nearest even),
- * as oneDNN; only the order of the fp32 sums differs, and it is the same for a row whatever
- * its batch. */
+ * 512 rows (prefill) 199 against oneDNN's 191. Products are bf16 x bf16 summed in fp32,
+ * rounded once to bf16 (nearest even), as oneDNN; only the order of the fp32 sums differs,
+ * and it is the same for a row whatever its batch. */
 #include "simd.h"
 
 #define NP 64   /* outputs a panel */
