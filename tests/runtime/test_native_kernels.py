@@ -11,7 +11,7 @@ import torch
 from cleave.runtime.engine.dense import linear as linear_module
 from cleave.runtime.engine.native import build as build_module
 from cleave.runtime.engine.native import kernels as kernels_module
-from cleave.runtime.engine.native.args import LayerArgs, check_indices, check_step
+from cleave.runtime.engine.native.args import LayerArgs, check_indices
 from cleave.runtime.engine.native.build import CPU_FLAGS, Built, build, cpu_flags, unavailable
 from cleave.runtime.engine.native.kernels import Kernels, kernels
 
@@ -252,7 +252,7 @@ def test_attention_indices_are_checked_before_the_kernels_trust_them() -> None:
         check_indices(tables, torch.tensor([49, 1]), 16)
     with pytest.raises(ValueError, match="int64"):
         check_indices(tables.int(), torch.tensor([1, 1]), 16)
-    with pytest.raises(ValueError, match="int64"):  # the slots of a decode layer
+    with pytest.raises(ValueError, match="int64"):  # the slots of a step
         check_indices(tables, torch.tensor([1, 1]), 16, torch.zeros(2, dtype=torch.int32))
     # the kernel's caller refuses too, before any C runs
     if NATIVE is not None:
@@ -260,29 +260,6 @@ def test_attention_indices_are_checked_before_the_kernels_trust_them() -> None:
         with pytest.raises(ValueError, match="past its block table"):
             NATIVE.decode_attention(torch.zeros(2, 1, 64, dtype=torch.bfloat16), pool, pool,
                                     tables, torch.tensor([49, 1]), 0.125)
-
-
-def test_a_steps_rows_must_be_its_decodes_then_its_chunks_in_order() -> None:
-    """step_layer_bf16 trusts its index: two decodes (rows 0-1), then chunks of 3 and 2 rows
-    (the second after 30 tokens of context, two blocks of 16)."""
-    tables, lengths = torch.zeros(2, 1, dtype=torch.int64), torch.tensor([5, 9])
-    chunk_tables = torch.zeros(2, 3, dtype=torch.int64)
-
-    def check(spans: list[tuple[int, int, int]], rows: int = 7) -> None:
-        check_step(torch.zeros(rows, dtype=torch.int64), tables, lengths,
-                   torch.tensor(spans, dtype=torch.int64).reshape(-1, 3), chunk_tables, 16)
-
-    check([(2, 3, 0), (5, 2, 30)])
-    for spans, why in (([(3, 3, 0), (6, 1, 30)], "start at row 2"),  # a gap after the decodes
-                       ([(2, 3, 0), (4, 3, 30)], "start at row 5"),  # chunks overlap
-                       ([(2, 3, 0), (5, 2, 47)], "past its block table"),  # 49 keys > 48
-                       ([(2, 3, 0), (5, 0, 30)], "start at row 5"),  # an empty chunk
-                       ([(2, 3, 0)], "cover 5 of 7 rows")):
-        with pytest.raises(ValueError, match=why):
-            check(spans)
-    with pytest.raises(ValueError, match="contiguous"):
-        check_step(torch.zeros(14, dtype=torch.int64)[::2], tables, lengths,
-                   torch.tensor([[2, 5, 0]]), chunk_tables, 16)
 
 
 def test_the_layer_scratch_covers_what_layer_c_carves_from_it() -> None:

@@ -22,12 +22,12 @@ needs_native = pytest.mark.skipif(
 @pytest.mark.parametrize("biased", [False, True])
 def test_native_linear_is_onednn_to_the_rounding(rows: int, biased: bool) -> None:
     """354 outputs: six panels of 64, the last ragged (34), which up to 3 rows take 6 / rows
-    panels at a time; row counts that split into uneven blocks of at most 6, and up to 4
-    rows (no software prefetch) against more. 130 outputs: three panels, fewer than one row
-    takes at once."""
+    panels at a time; 450: eight, the last two (one ragged) after such blocks, one at a time;
+    130: three, fewer than one row takes at once. Row counts that split into uneven blocks
+    of at most 6, and up to 4 rows (no software prefetch) against more."""
     assert NATIVE is not None
     torch.manual_seed(rows)
-    for outputs in (354, 130):
+    for outputs in (354, 450, 130):
         weight = torch.randn(outputs, 96, dtype=torch.bfloat16)
         bias = torch.randn(outputs, dtype=torch.bfloat16) if biased else None
         wide = torch.randn(rows, 160, dtype=torch.bfloat16)
@@ -99,13 +99,15 @@ def test_silu_and_mul_in_the_epilogue_rounds_as_torch_does(rows: int) -> None:
     the order of any output's fp32 sum)."""
     assert NATIVE is not None
     torch.manual_seed(rows)
-    gate_up = torch.randn(384, 64, dtype=torch.bfloat16)  # 192 wide: 6 gated panels
-    x = torch.randn(rows, 64, dtype=torch.bfloat16) * 4  # some gates past e^-gate's overflow
-    fused = NATIVE.packed_linear(x, Kernels.pack(gate_up, gated=True), 192, silu=True)
-    gate, up = NATIVE.packed_linear(x, Kernels.pack(gate_up), 384).chunk(2, dim=-1)
-    assert fused.shape == (rows, 192)
-    assert (gate < -88.8).any() or rows < 5  # e^-gate overflows: silu is -0, as torch's
-    assert torch.equal(fused, F.silu(gate) * up)
+    for width in (192, 224):  # 6 gated panels (in 6 / rows at a time), 7 (one more alone)
+        gate_up = torch.randn(2 * width, 64, dtype=torch.bfloat16)
+        x = torch.randn(rows, 64, dtype=torch.bfloat16) * 4  # some gates past e^-'s overflow
+        fused = NATIVE.packed_linear(x, Kernels.pack(gate_up, gated=True), width, silu=True)
+        gate, up = NATIVE.packed_linear(x, Kernels.pack(gate_up), 2 * width).chunk(2, dim=-1)
+        assert fused.shape == (rows, width)
+        # e^-gate overflows (from 5 rows of the first draw): silu is -0, as torch's
+        assert (gate < -88.8).any() or rows < 5 or width != 192
+        assert torch.equal(fused, F.silu(gate) * up)
 
 
 @needs_native

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from cleave.runtime.engine.dense.attention import AttentionConfig
 from cleave.runtime.engine.dense.mlp import DenseMLP
 from cleave.runtime.engine.dense.weights import LayerWeights
-from cleave.runtime.engine.native.args import LayerArgs, StepIndex
+from cleave.runtime.engine.native.args import LayerArgs, StepIndex, stack_tables
 from cleave.runtime.engine.native.kernels import Kernels
 from cleave.runtime.engine.paged_model import AttentionBatch
 
@@ -66,40 +66,33 @@ class NativeLayers:
             sin: torch.Tensor, k_pool: list[torch.Tensor],
             v_pool: list[torch.Tensor]) -> torch.Tensor:
         """All layers over ``h [tokens, hidden]`` (a fresh tensor, updated in place)."""
-        rows, shape = h.shape[0], self.layers[0]
-        index = self._index(batch, k_pool[0].shape[2])
-        bbuf = torch.empty(shape.scratch_words(rows), dtype=torch.bfloat16)
+        rows, bs = h.shape[0], k_pool[0].shape[2]
+        index = step_index(batch, bs)
+        scratch = self.kernels.step_scratch(self.layers[0], index, rows, k_pool[0])
         h = h.contiguous()
         cos = cos.reshape(rows, -1).contiguous()
         sin = sin.reshape(rows, -1).contiguous()
         for args, k, v in zip(self.layers, k_pool, v_pool, strict=True):
-            self.kernels.step_layer(args, h, cos, sin, k, v, index, bbuf)
+            self.kernels.step_layer(args, h, cos, sin, k, v, index, scratch)
         return h
 
-    def _index(self, batch: AttentionBatch, block_size: int) -> StepIndex:
-        tables, lengths = _stacked([g.block_tables for g in batch.decode_groups],
-                                   [g.lengths for g in batch.decode_groups])
-        chunk_tables, _ = _stacked([table for *_, table, _ in batch.prefills
-                                    if table is not None], [])
-        spans = torch.tensor([(first, length, context)
-                              for first, length, context, *_ in batch.prefills],
-                             dtype=torch.int64).reshape(-1, 3)
-        shape = self.layers[0]
-        return self.kernels.step_index(batch.slot_mapping.contiguous(), tables, lengths, spans,
-                                       chunk_tables, block_size, shape.nq // shape.nkv,
-                                       shape.d)
 
-
-def _stacked(tables: list[torch.Tensor], lengths: list[torch.Tensor]
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block tables (each ``[n, width]`` or ``[width]``) as one zero-padded ``[rows, widest]``
-    int64 table, and their lengths as one vector."""
-    tables = [t.view(-1, t.shape[-1]) for t in tables]
-    width = max((t.shape[1] for t in tables), default=0)
-    table = (torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables]) if tables
-             else torch.zeros(0, 0, dtype=torch.int64))
-    length = torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.int64)
-    return table.contiguous(), length
+def step_index(batch: AttentionBatch, block_size: int) -> StepIndex:
+    """``batch`` in the step kernel's terms: its decode groups' tables stacked (their rows
+    come first), then its prefill chunks' spans and tables (every chunk's table present:
+    :meth:`NativeLayers.takes`)."""
+    groups, chunks = batch.decode_groups, batch.prefills
+    tables = stack_tables([g.block_tables for g in groups],
+                          [int(g.lengths.max()) if g.count else 0 for g in groups], block_size)
+    lengths = (torch.cat([g.lengths for g in groups]) if groups
+               else torch.zeros(0, dtype=torch.int64))
+    chunk_tables = stack_tables([table for *_, table, _ in chunks if table is not None],
+                                [context + length for _, length, context, *_ in chunks],
+                                block_size)
+    spans = torch.tensor([(first, length, context) for first, length, context, *_ in chunks],
+                         dtype=torch.int64).reshape(-1, 3)
+    return StepIndex(batch.slot_mapping.contiguous(), tables, lengths.contiguous(), spans,
+                     chunk_tables)
 
 
 def build(kernels: Kernels | None, layers: list[LayerWeights], configs: list[AttentionConfig],

@@ -6,10 +6,11 @@
  * 0..len-1, 16 keys at a time: each block of keys is read from memory once for all the heads
  * (a head at a time read it once each, from L2 after the first: 350 keys of 64 are 45 KB).
  * dz = d / 32 is a constant at each call site, so a head's query stays in registers. Each
- * key's value row (v_off past it) is fetched into L2 for the values' pass that follows. */
+ * key's value row (at the same place in vh) is fetched into L2 for the values' pass that
+ * follows. */
 static inline __attribute__((always_inline)) void group_scores(
-    const uint16_t *q, long group, const uint16_t *kh, long v_off, const int64_t *table,
-    long bs, const int dz, long len, float scale, float *sc) {
+    const uint16_t *q, long group, const uint16_t *kh, const uint16_t *vh,
+    const int64_t *table, long bs, const int dz, long len, float scale, float *sc) {
   rows_t rows = {kh, table, bs, dz * 32, 0, 0};
   const uint16_t *keys[16];
   const uint16_t *key = kh;
@@ -18,7 +19,7 @@ static inline __attribute__((always_inline)) void group_scores(
       if (p0 + j < len) key = next_row(&rows); /* a short last chunk repeats its last key */
       keys[j] = key;
       for (int c = 0; c < dz; c++)
-        _mm_prefetch((const char *)(key + v_off + 32 * c), _MM_HINT_T1);
+        _mm_prefetch((const char *)(vh + (key - kh) + 32 * c), _MM_HINT_T1);
     }
     for (long g = 0; g < group; g++) {
       __m512bh qv[8];
@@ -36,12 +37,12 @@ static inline __attribute__((always_inline)) void group_scores(
   }
 }
 
-static void scores(const uint16_t *q, long group, const uint16_t *kh, long v_off,
+static void scores(const uint16_t *q, long group, const uint16_t *kh, const uint16_t *vh,
                    const int64_t *table, long bs, long d, long len, float scale, float *sc) {
   switch (d) {
-    case 64: group_scores(q, group, kh, v_off, table, bs, 2, len, scale, sc); break;
-    case 128: group_scores(q, group, kh, v_off, table, bs, 4, len, scale, sc); break;
-    default: group_scores(q, group, kh, v_off, table, bs, (int)(d / 32), len, scale, sc);
+    case 64: group_scores(q, group, kh, vh, table, bs, 2, len, scale, sc); break;
+    case 128: group_scores(q, group, kh, vh, table, bs, 4, len, scale, sc); break;
+    default: group_scores(q, group, kh, vh, table, bs, (int)(d / 32), len, scale, sc);
   }
 }
 
@@ -173,8 +174,7 @@ void decode_attention_bf16(const uint16_t *q, long q_stride, const uint16_t *k_p
     for (long s = 0; s < seqs; s++) {
       long len = lengths[s];
       const int64_t *table = tables + s * table_width;
-      scores(q + s * q_stride + h * group * d, group, kh, vh - kh, table, bs, d, len, scale,
-             scratch);
+      scores(q + s * q_stride + h * group * d, group, kh, vh, table, bs, d, len, scale, scratch);
       for (long g = 0; g < group; g++) inv[g] = exp_bf16_inplace(scratch + g * len, len);
       /* the next sequence's keys (the next head's first), fetched into L2 while these
        * values are read. With the values fetched during the scores, every stream is

@@ -9,7 +9,13 @@ import logging
 
 import torch
 
-from cleave.runtime.engine.native.args import LayerArgs, StepIndex, check_indices, check_step
+from cleave.runtime.engine.native.args import (
+    LayerArgs,
+    StepIndex,
+    check_indices,
+    check_step,
+    decode_scratch,
+)
 from cleave.runtime.engine.native.build import Built, build
 
 log = logging.getLogger(__name__)
@@ -53,7 +59,7 @@ class Kernels:
     @staticmethod
     def takes_linear(weight: torch.Tensor) -> bool:
         """Whether :meth:`pack` takes this weight: bf16 on the CPU, row-major, and an input
-        width of whole 32-element vectors (gemm.c steps by pairs; the decode layer's other
+        width of whole 32-element vectors (gemm.c steps by pairs; the step layer's other
         kernels and the tests assume the wider step)."""
         return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
                 and weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] % 32 == 0)
@@ -140,7 +146,8 @@ class Kernels:
             q = q.contiguous()
         check_indices(tables, lengths, bs)
         tables, lengths = tables.contiguous(), lengths.contiguous()
-        scratch = torch.empty(nq // nkv * tables.shape[1] * bs, dtype=torch.float32)
+        scratch = torch.empty(decode_scratch(nq // nkv, tables.shape[1], bs),
+                              dtype=torch.float32)
         out = torch.empty(seqs, nq, d, dtype=torch.bfloat16)
         self._attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
                         blocks, bs, tables.data_ptr(), tables.shape[1], lengths.data_ptr(),
@@ -212,29 +219,31 @@ class Kernels:
 
     def step_layer(self, args: LayerArgs, h: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                   index: StepIndex, bbuf: torch.Tensor) -> None:
+                   index: StepIndex, scratch: tuple[torch.Tensor, torch.Tensor]) -> None:
         """One layer's forward over ``h [rows, hidden]`` in place, the step's decodes and
-        prefill chunks alike; ``bbuf`` holds ``args.scratch_words(rows)`` bf16; ``cos``/``sin``
-        ``[rows, d]``; every tensor contiguous."""
+        prefill chunks alike; ``cos``/``sin`` ``[rows, d]``; ``scratch`` and the checked
+        ``index`` from :meth:`step_scratch` for these rows and this pool's shape."""
         _, blocks, bs, _ = k_pool.shape
+        fbuf, bbuf = scratch
         self._layer(ctypes.byref(args), h.data_ptr(), h.shape[0], cos.data_ptr(), sin.data_ptr(),
                     k_pool.data_ptr(), v_pool.data_ptr(), blocks, bs, index.slots.data_ptr(),
                     index.lengths.numel(), index.tables.data_ptr(), index.tables.shape[1],
                     index.lengths.data_ptr(), index.spans.shape[0], index.spans.data_ptr(),
                     index.chunk_tables.data_ptr(), index.chunk_tables.shape[1],
-                    index.fbuf.data_ptr(), bbuf.data_ptr())
+                    fbuf.data_ptr(), bbuf.data_ptr())
 
-    def step_index(self, slots: torch.Tensor, tables: torch.Tensor, lengths: torch.Tensor,
-                   spans: torch.Tensor, chunk_tables: torch.Tensor, block_size: int,
-                   group: int, d: int) -> StepIndex:
-        """A step's :class:`StepIndex`, checked, with the attention scratch its calls need
-        for query groups of ``group`` heads of width ``d``."""
-        check_step(slots, tables, lengths, spans, chunk_tables, block_size)
-        floats = group * tables.shape[1] * block_size
-        for _, length, context in spans.tolist():
-            floats = max(floats, int(self._prefill_scratch(context + length, d)))
-        return StepIndex(slots, tables, lengths, spans, chunk_tables,
-                         torch.empty(floats, dtype=torch.float32))
+    def step_scratch(self, args: LayerArgs, index: StepIndex, rows: int,
+                     k_pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checks ``index`` for ``rows`` over ``k_pool``'s shape (:func:`check_step`) and
+        returns :meth:`step_layer`'s scratch: fp32 for the largest attention call, bf16
+        ``args.scratch_words(rows)``."""
+        _, blocks, bs, _ = k_pool.shape
+        keys = check_step(index, rows, blocks, bs)
+        group, d = int(args.nq) // int(args.nkv), int(args.d)
+        floats = max(decode_scratch(group, index.tables.shape[1], bs),
+                     int(self._prefill_scratch(keys, d)) if keys else 0)
+        return (torch.empty(floats, dtype=torch.float32),
+                torch.empty(args.scratch_words(rows), dtype=torch.bfloat16))
 
 
 @functools.cache

@@ -122,10 +122,10 @@ void step_layer_bf16(const layer_t *L, uint16_t *h, long rows, const uint16_t *c
     decode_attention_bf16(qkv, width, k_pool, v_pool, blocks, bs, tables, table_width, lengths,
                           decodes, nq, nkv, d, L->scale, fbuf, attn);
   for (long c = 0; c < chunks; c++) {
-    long first = spans[3 * c];
-    prefill_attention_bf16(qkv + first * width, width, k_pool, v_pool, blocks, bs,
+    long row0 = spans[3 * c];
+    prefill_attention_bf16(qkv + row0 * width, width, k_pool, v_pool, blocks, bs,
                            chunk_tables + c * chunk_width, spans[3 * c + 2], spans[3 * c + 1],
-                           nq, nkv, d, L->scale, fbuf, attn + first * nq * d);
+                           nq, nkv, d, L->scale, fbuf, attn + row0 * nq * d);
   }
   packed_linear_bf16(attn, nq * d, L->o, L->o_bias, out, H, rows, H, nq * d, 0);
   add_into(h, out, rows * H);
