@@ -22,9 +22,10 @@ needs_native = pytest.mark.skipif(
 @pytest.mark.parametrize("biased", [False, True])
 def test_native_linear_is_onednn_to_the_rounding(rows: int, biased: bool) -> None:
     """354 outputs: six panels of 64, the last ragged (34), which up to 3 rows take 6 / rows
-    panels at a time; 450: eight, the last two (one ragged) after such blocks, one at a time;
-    130: three, fewer than one row takes at once. Row counts that split into uneven blocks
-    of at most 6, and up to 4 rows (no software prefetch) against more."""
+    panels at a time; 450: eight, of which 1 and 2 rows take the last two (one ragged) one at a
+    time after such blocks; 130: three, of which 1 and 3 rows take the last ones alone. Row
+    counts that split into uneven blocks of at most 6, and up to 4 rows (no software
+    prefetch) against more."""
     assert NATIVE is not None
     torch.manual_seed(rows)
     for outputs in (354, 450, 130):

@@ -91,19 +91,20 @@ void packed_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const u
    * a forward's linears from memory, alternating in one process: 10.0-10.6 ms against
    * 12.2-12.5; bench/linear_micro.py 8.0 against 9.9; 3 rows 4 % faster, 2 even). Each
    * output's sum still runs over the inputs in order: the same bits in any batch. */
-  int sp = M == 1 ? 6 : M == 2 ? 3 : M == 3 ? 2 : 1;
+  int sp = M <= 3 ? (int)(SP / M) : 1;
   for (long p = 0; p < panels; p += sp) {
     if (p + sp > panels) sp = 1; /* the last few panels one at a time */
     const uint16_t *w = wp + p * panel;
     const char *next = (const char *)(w + panel);
-    /* a panel is 4 lines a pair of inputs: 4, 2, 2, 1, 1... of them a block */
+    /* a panel is 4 lines a pair of inputs: 4, 2, 2, 1, 1... of them a block; the next single
+     * panel only, which is all blocks of one panel (M > 4) need */
     ahead_t pf = {next, p + 1 < panels ? next + 2 * panel : next,
                   M <= 4 ? 0 : (int)((4 + nblocks - 1) / nblocks)};
     if (sp > 1) {
       switch (M) {
-        case 1: block(x, ldx, w, K, bias, p, N, y, ldy, 1, 6, &pf, silu); break;
-        case 2: block(x, ldx, w, K, bias, p, N, y, ldy, 2, 3, &pf, silu); break;
-        default: block(x, ldx, w, K, bias, p, N, y, ldy, 3, 2, &pf, silu); break;
+        case 1: block(x, ldx, w, K, bias, p, N, y, ldy, 1, SP, &pf, silu); break;
+        case 2: block(x, ldx, w, K, bias, p, N, y, ldy, 2, SP / 2, &pf, silu); break;
+        default: block(x, ldx, w, K, bias, p, N, y, ldy, 3, SP / 3, &pf, silu); break;
       }
       continue;
     }
