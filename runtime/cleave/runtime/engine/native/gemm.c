@@ -87,10 +87,11 @@ void packed_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const u
   /* rows in even blocks of at most MR (8 rows: 4 + 4, not 6 + 2) */
   long nblocks = (M + MR - 1) / MR;
   /* Up to 3 rows take 6 / M panels at once: the weights then come as that many forward
-   * streams, of which the hardware prefetchers keep more lines in flight than of one (1 row,
-   * a forward's linears from memory, alternating in one process: 10.0-10.6 ms against
-   * 12.2-12.5; bench/linear_micro.py 8.0 against 9.9; 3 rows 4 % faster, 2 even). Each
-   * output's sum still runs over the inputs in order: the same bits in any batch. */
+   * streams, of which the hardware prefetchers keep more lines in flight than of one. 1 row,
+   * a forward's linears from memory, the two builds alternating in one process (a one-off
+   * A/B, docs/architecture.md's sixth pass): 10.0-10.6 ms against 12.2-12.5; 3 rows 4 %
+   * faster, 2 even. Each output's sum still runs over the inputs in order: the same bits in
+   * any batch. */
   int sp = M <= 3 ? (int)(SP / M) : 1;
   for (long p = 0; p < panels; p += sp) {
     if (p + sp > panels) sp = 1; /* the last few panels one at a time */
