@@ -16,7 +16,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from redis_servers import RedisServer, free_port, start_server
+from redis_servers import RedisServer, start_server
+
+from cleave.runtime.serving import http_server
 
 CLI = [sys.executable, "-m", "cleave.common.cli"]
 SERVED = "tiny"  # the model name clients ask for, and the vllm:* metrics' model_name
@@ -61,11 +63,17 @@ class Stack:
         self.redis.stop()
 
 
-def _spawn(name: str, args: list[str], port: int, logdir: Path) -> Proc:
+def spawn(name: str, args: list[str], logdir: Path) -> Proc:
+    """``cleave worker`` or ``cleave router`` on a free port, bound here and handed down as
+    ``--listen-fd`` (as ``cleave up`` does): no other process can take it before the server
+    starts, nor answer its ``/ready``."""
     log = logdir / f"{name}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([*CLI, *args], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            env=env)
+    with http_server.bound_socket("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        proc = subprocess.Popen(
+            [*CLI, *args, "--port", str(port), "--listen-fd", str(sock.fileno())],
+            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, pass_fds=(sock.fileno(),))
     return Proc(name, proc, f"http://127.0.0.1:{port}", log)
 
 
@@ -86,13 +94,12 @@ def wait_ready(p: Proc, timeout: float = 120.0) -> None:
 
 def start_worker(stack: Stack, role: str, logdir: Path, name: str | None = None,
                  extra: tuple[str, ...] = (), served: tuple[str, ...] = (SERVED,)) -> Proc:
-    port = free_port()
-    p = _spawn(name or f"{role}-{len(stack.workers)}",
-               ["worker", "--role", role, "--port", str(port), "--model", stack.model,
-                "--served-model-name", *served,
-                "--dtype", "float32", "--kv-cache-memory", "8MiB",
-                "--redis-url", stack.redis.unix_url, "--store-timeout", "0.5",
-                "--grace-period", "5", *extra], port, logdir)
+    p = spawn(name or f"{role}-{len(stack.workers)}",
+              ["worker", "--role", role, "--model", stack.model,
+               "--served-model-name", *served,
+               "--dtype", "float32", "--kv-cache-memory", "8MiB",
+               "--redis-url", stack.redis.unix_url, "--store-timeout", "0.5",
+               "--grace-period", "5", *extra], logdir)
     stack.workers.append(p)
     return p
 
@@ -112,14 +119,13 @@ def start_stack(model: Path, logdir: Path, prefill: int = 1, decode: int = 1,
             start_worker(stack, "decode", logdir, extra=worker_args, served=served)
         for w in stack.workers:
             wait_ready(w)
-        port = free_port()
         args = ["router", "--model", stack.model, "--served-model-name", *served,
-                "--port", str(port), "--disaggregate-min-tokens", "16",
+                "--disaggregate-min-tokens", "16",
                 "--redis-url", stack.redis.unix_url, *router_args]
         for w in stack.workers:
             url = w.url.replace("http://127.0.0.1", "dns+http://localhost") if dns else w.url
             args += ["--prefill" if w.name.startswith("prefill") else "--decode", url]
-        stack.router = _spawn("router", args, port, logdir)
+        stack.router = spawn("router", args, logdir)
         wait_ready(stack.router)
     except BaseException:
         stack.stop()

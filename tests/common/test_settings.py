@@ -56,7 +56,7 @@ def test_format_bytes_is_the_shortest_binary_quantity() -> None:
 
 
 WORKER = WorkerSettings(
-    role="prefill", host="0.0.0.0", port=9001, grace_period=12.5,
+    role="prefill", host="0.0.0.0", port=9001, listen_fd=3, grace_period=12.5,
     internal_token_file="/etc/token", served=ServedSettings(("chat",)),
     max_open_requests=5,
     store=StoreSettings(redis=RedisSettings(
@@ -73,6 +73,7 @@ ROUTER = RouterSettings(
     model="m", revision="abc", served=ServedSettings(("-chat", "chat-v2", "chat")),
     prefill=("dns+http://p:8100",),
     decode=("http://a:1", "http://b:2"), workers_file="/w.json", host="0.0.0.0", port=8080,
+    listen_fd=4,
     max_model_len=77, redis=RedisSettings(redis_url="rediss://r:1/0", redis_password_file="/pw",
                                           redis_tls_ca_file="/ca", redis_tls_server_name="n"),
     routing=RoutingSettings(disaggregate_min_tokens=0, kv_load_failure_policy="fail",

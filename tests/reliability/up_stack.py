@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from redis_servers import free_port
+from up_banner import up_port
 
 CLI = [sys.executable, "-m", "cleave.common.cli"]
 STARTUP_TIMEOUT = 180.0  # a loaded 2-core CI box imports torch in five processes at once
@@ -91,10 +92,10 @@ class UpProcess:
                  redis_url: str | None = None, env: Mapping[str, str] | None = None,
                  extra_args: Sequence[str] = ()) -> None:
         self.model = str(model)
-        self.port = free_port()
-        self.log = logdir / f"up-{self.port}.log"
+        self.port = 0  # the router's, once wait_up read it from the "Cleave is up" line
+        self.log = logdir / f"up-{secrets.token_hex(4)}.log"
         args = [*CLI, "up", "--model", self.model, "--dtype", "float32",
-                "--kv-cache-memory", "16MiB", "--port", str(self.port),
+                "--kv-cache-memory", "16MiB", "--port", "0",
                 "--prefill", str(prefill), "--decode", str(decode),
                 "--disaggregate-min-tokens", "16", "--startup-timeout", str(STARTUP_TIMEOUT),
                 *extra_args]
@@ -113,7 +114,7 @@ class UpProcess:
 
     def wait_up(self, timeout: float = STARTUP_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
-        while "Cleave is up" not in self.log_text():
+        while (port := up_port(self.log_text())) is None:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"cleave up exited with {self.proc.returncode}:\n"
                                    f"{self.log_text()[-4000:]}")
@@ -121,6 +122,7 @@ class UpProcess:
                 raise RuntimeError(f"cleave up not up in {timeout:.0f} s:\n"
                                    f"{self.log_text()[-4000:]}")
             time.sleep(0.2)
+        self.port = port
 
     def workers(self) -> list[Worker]:
         """Every worker, by name; a restarted one keeps its name and port."""

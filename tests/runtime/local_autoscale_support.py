@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from redis_servers import free_port
+from up_banner import up_port
 
 CLI = [sys.executable, "-m", "cleave.common.cli"]
 
@@ -61,11 +62,11 @@ class Up:
 
     def __init__(self, model: Path, logdir: Path, *args: str) -> None:
         self.model = str(model)
-        self.port = free_port()
-        self.log_path = logdir / f"up-{self.port}.log"
+        self.port = 0  # the router's, once wait_up read it from the "Cleave is up" line
+        self.log_path = logdir / f"up-{secrets.token_hex(4)}.log"
         self.proc = subprocess.Popen(
             [*CLI, "up", "--model", self.model, "--dtype", "float32", "--kv-cache-memory",
-             "8MiB", "--port", str(self.port), "--disaggregate-min-tokens", "16",
+             "8MiB", "--port", "0", "--disaggregate-min-tokens", "16",
              "--startup-timeout", "180", *args],
             stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ))
         self.seen: set[int] = set()
@@ -80,7 +81,8 @@ class Up:
     def wait_up(self, timeout: float = 180) -> None:
         def up() -> bool:
             assert self.proc.poll() is None, self.log()[-5000:]
-            return "Cleave is up" in self.log()
+            self.port = up_port(self.log()) or 0
+            return self.port != 0
         wait_for(up, timeout, "cleave up ready", self.log)
 
     def worker_pids(self) -> list[int]:

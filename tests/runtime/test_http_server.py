@@ -7,11 +7,12 @@ tests/reliability/test_attack_slowloris.py.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from redis_servers import free_port
 from transformers import AutoTokenizer
 
 from cleave.common.settings import HttpSettings
@@ -62,9 +63,10 @@ def test_a_slow_body_still_gets_its_408_after_the_header_deadline(
                     tokenizer, 512, 512)
 
     async def run() -> tuple[bytes, float]:
-        port = free_port()
-        runner = await http_server.start(router.app(), "127.0.0.1", port,
-                                         HttpSettings(header_read_timeout=DEADLINE))
+        sock = http_server.bound_socket("127.0.0.1", 0)  # as cleave up hands it down
+        port = sock.getsockname()[1]
+        runner = await http_server.start(router.app(), "127.0.0.1", 1,  # --port, unused
+                                         HttpSettings(header_read_timeout=DEADLINE), sock)
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             start = time.monotonic()
@@ -83,3 +85,24 @@ def test_a_slow_body_still_gets_its_408_after_the_header_deadline(
     line, seconds = asyncio.run(run())
     assert line.split()[1:2] == [b"408"], line
     assert seconds > DEADLINE + 0.5, seconds  # it outlived the header deadline
+
+
+@pytest.mark.parametrize("fd", ["file", "closed"])
+def test_a_listen_fd_that_is_no_socket_is_a_clear_error(fd: str, tmp_path: Path) -> None:
+    with (tmp_path / "f").open("w") as f:
+        number = f.fileno() if fd == "file" else 1000 + f.fileno()
+        with pytest.raises(ValueError, match=f"--listen-fd {number} is not an open socket"):
+            http_server.inherited_socket(number)
+
+
+@pytest.mark.parametrize("command", [["router", "--decode", "http://127.0.0.1:9"], ["worker"]])
+def test_the_servers_refuse_a_listen_fd_that_is_no_socket(
+        command: list[str], tiny_model_dir: Path, tmp_path: Path) -> None:
+    with (tmp_path / "not-a-socket").open("w") as f:
+        fd = f.fileno()
+        done = subprocess.run([sys.executable, "-m", "cleave.common.cli", *command, "--model",
+                               str(tiny_model_dir), "--listen-fd", str(fd), "--check"],
+                              pass_fds=(fd,), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--listen-fd {fd} is not an open socket (Socket operation on non-socket)" \
+        in done.stderr

@@ -19,6 +19,7 @@ from hub_server import FakeHub
 from redis_servers import free_port
 from safetensors.torch import load_file
 from tiny_model import build_tiny_llama
+from up_banner import up_port
 
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
@@ -163,16 +164,15 @@ def test_check_downloads_no_weights(env: Path, hub: FakeHub,
 def test_up_serves_a_hub_model(env: Path, hub: FakeHub, tmp_path: Path) -> None:
     """``cleave up --model org/tiny``: downloaded once, then every worker and the router load it
     from the cache; a request through the official client gets an answer."""
-    port = free_port()
     log = tmp_path / "up.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "cleave.common.cli", "up", "--model", "org/tiny",
          "--revision", "main", "--prefill", "0", "--dtype", "float32",
-         "--kv-cache-memory", "8MiB", "--port", str(port)],
+         "--kv-cache-memory", "8MiB", "--port", "0"],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 180
-        while "Cleave is up" not in log.read_text():
+        while (port := up_port(log.read_text())) is None:
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.3)

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from redis_servers import free_port
-from serving_stack import CLI, _spawn, post_raw, start_stack
+from serving_stack import CLI, post_raw, spawn, start_stack
 
 from cleave.common.settings import INTERNAL_TOKEN_ENV
 
@@ -59,10 +58,9 @@ def test_workers_serve_the_router_and_refuse_callers_without_the_token(
         # A router holding another token is refused by the worker: it serves nothing.
         wrong = tmp_path / "wrong-token"
         wrong.write_text("not-the-token\n")
-        port = free_port()
-        router = _spawn("router-wrong", ["router", "--model", stack.model, "--port", str(port),
-                                         "--served-model-name", "tiny", "--decode", worker,
-                                         "--internal-token-file", str(wrong)], port, tmp_path)
+        router = spawn("router-wrong", ["router", "--model", stack.model,
+                                        "--served-model-name", "tiny", "--decode", worker,
+                                        "--internal-token-file", str(wrong)], tmp_path)
         try:
             status = 0
             deadline = time.monotonic() + 60

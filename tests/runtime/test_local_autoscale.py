@@ -25,12 +25,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from local_autoscale_support import CLI, Up, wait_for
-from redis_servers import free_port
 from transformers import AutoTokenizer
 
 from cleave.autoscaling.policy import DECODE, PolicyConfig, RolePolicy
 from cleave.common import metric_names as names
 from cleave.common.settings import WorkerSettings
+from cleave.runtime.serving import http_server
 from cleave.runtime.serving.autoscale_settings import AutoscaleSettings
 from cleave.runtime.serving.local_autoscale import LocalAutoscaler
 from cleave.runtime.serving.local_processes import DRAINING, STARTING, Supervisor
@@ -176,11 +176,11 @@ def test_bad_autoscale_flags_are_refused_before_anything_starts(args: list[str],
 # requests held (a platform at zero with demand); anything else is a worker that never gets
 # ready. Real processes and real HTTP, so the loop runs exactly as under `cleave up`.
 STAND_IN = r"""
-import http.server, sys, time
+import http.server, socket, sys, time
 from cleave.common import metric_names as names
 if sys.argv[1] != "router":
     time.sleep(300)
-port = int(sys.argv[sys.argv.index("--port") + 1])
+fd = int(sys.argv[sys.argv.index("--listen-fd") + 1])  # the socket cleave up bound for it
 BODY = (f"# TYPE {names.WAITING} gauge\n"
         f'{names.WAITING}{{role="router"}} 2\n').encode()
 class Metrics(http.server.BaseHTTPRequestHandler):
@@ -192,7 +192,10 @@ class Metrics(http.server.BaseHTTPRequestHandler):
         self.wfile.write(BODY)
     def log_message(self, *args):
         pass
-http.server.HTTPServer(("127.0.0.1", port), Metrics).serve_forever()
+server = http.server.HTTPServer(("127.0.0.1", 0), Metrics, bind_and_activate=False)
+server.socket = socket.socket(fileno=fd)
+server.socket.listen()
+server.serve_forever()
 """
 
 
@@ -201,8 +204,9 @@ def stand_ins(tmp_path: Path) -> Iterator[tuple[Supervisor, list[str]]]:
     lines: list[str] = []
     sup = Supervisor([sys.executable, "-c", STAND_IN], {}, WorkerSettings(),
                      workers_file=tmp_path / "workers.json", say=lines.append)
-    port = free_port()
-    sup.start_router(["router", "--port", str(port)], f"http://127.0.0.1:{port}")
+    sock = http_server.bound_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sup.start_router(["router"], sock)
 
     def answers() -> bool:
         try:

@@ -8,9 +8,7 @@ and the pool's drain bookkeeping are checked directly.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import threading
 import time
 import urllib.error
@@ -20,27 +18,18 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
-from local_autoscale_support import CLI, wait_for
-from redis_servers import free_port
-from serving_stack import Proc, wait_ready
+from local_autoscale_support import wait_for
+from serving_stack import Proc, spawn, wait_ready
 
 from cleave.common import metric_names as names
 from cleave.runtime.serving.membership import parse_members, write_members
 from cleave.runtime.serving.upstream import WorkerPool
 
 
-def _spawn(name: str, args: list[str], port: int, logdir: Path) -> Proc:
-    log = logdir / f"{name}.log"
-    proc = subprocess.Popen([*CLI, *args], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    return Proc(name, proc, f"http://127.0.0.1:{port}", log)
-
-
 def _router(model: Path, logdir: Path, workers_file: Path, hold: float) -> Proc:
-    port = free_port()
-    return _spawn("router", ["router", "--model", str(model), "--served-model-name", "tiny",
-                             "--port", str(port), "--workers-file", str(workers_file),
-                             "--hold-timeout", str(hold)], port, logdir)
+    return spawn("router", ["router", "--model", str(model), "--served-model-name", "tiny",
+                            "--workers-file", str(workers_file), "--hold-timeout", str(hold)],
+                 logdir)
 
 
 def _held(router: Proc) -> float:
@@ -79,11 +68,9 @@ def test_a_request_is_held_until_a_first_worker_is_ready(tiny_model_dir: Path,
         asking.start()
         wait_for(lambda: _held(router) == 1, 30, "the request counted as waiting")
         assert asking.is_alive() and not outcome, "held, not answered"
-        port = free_port()
-        worker = _spawn("both-0", ["worker", "--role", "both", "--port", str(port), "--model",
-                                   str(tiny_model_dir), "--dtype", "float32",
-                                   "--kv-cache-memory", "8MiB", "--grace-period", "5"],
-                        port, tmp_path)
+        worker = spawn("both-0", ["worker", "--role", "both", "--model", str(tiny_model_dir),
+                                  "--dtype", "float32", "--kv-cache-memory", "8MiB",
+                                  "--grace-period", "5"], tmp_path)
         wait_ready(worker)
         assert asking.is_alive(), "not served before the router knows the worker"
         write_members(members, {"decode": [worker.url]})

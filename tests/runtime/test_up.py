@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import openai
-from redis_servers import free_port
+from up_banner import up_port
 
 
 def _children(pid: int) -> set[int]:
@@ -30,16 +31,15 @@ def _children(pid: int) -> set[int]:
 
 
 def test_up_serves_and_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_path: Path) -> None:
-    port = free_port()
     log = tmp_path / "up.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "cleave.common.cli", "up", "--model", str(tiny_model_dir),
-         "--dtype", "float32", "--kv-cache-memory", "8MiB", "--port", str(port),
+         "--dtype", "float32", "--kv-cache-memory", "8MiB", "--port", "0",
          "--disaggregate-min-tokens", "16", "--served-model-name", "up-v2", "up"],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 120
-        while "Cleave is up" not in log.read_text():
+        while (port := up_port(log.read_text())) is None:
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
@@ -73,3 +73,16 @@ def test_up_serves_and_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_path: P
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_taken_port_is_said_before_the_model_loads(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "cleave.common.cli", "up", "--model",
+                               str(tmp_path / "no-model"), "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "preparing model" not in done.stdout

@@ -30,6 +30,9 @@ KV_SALT_ENV = "CLEAVE_KV_SALT"
 INTERNAL_TOKEN_ENV = "CLEAVE_INTERNAL_TOKEN"
 INTERNAL_TOKEN_HELP = (f"file holding the service's internal token, the Bearer key of the "
                        f"workers' /internal/* API (or set {INTERNAL_TOKEN_ENV})")
+LISTEN_FD_HELP = ("serve on this inherited socket (a file descriptor, bound, not yet "
+                  "listening) instead of binding --host:--port, which it then only reports: "
+                  "cleave up binds each port itself, so nothing takes it before the server starts")
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ROLES = ("prefill", "decode", "both")
@@ -159,6 +162,7 @@ class WorkerSettings(Settings):
     role: str = setting("both", "prefill, decode, or both (a whole request)", choices=ROLES)
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(WORKER_PORT, "port to listen on", parse=int)
+    listen_fd: int | None = setting(None, LISTEN_FD_HELP, parse=int, metavar="FD")
     grace_period: float = setting(30.0, "seconds to finish in-flight requests after SIGTERM",
                                   parse=float, metavar="SECONDS")
     internal_token_file: str | None = setting(None, INTERNAL_TOKEN_HELP, metavar="FILE")
@@ -232,6 +236,7 @@ class RouterSettings(Settings):
         "that come and go (cleave up --autoscale writes it)", metavar="FILE")
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(ROUTER_PORT, "port to listen on", parse=int)
+    listen_fd: int | None = setting(None, LISTEN_FD_HELP, parse=int, metavar="FD")
     max_model_len: int | None = setting(
         None, "the context limit, if lower than the model's own; a worker reporting a lower "
         "one (/internal/stats) lowers it further", parse=int)

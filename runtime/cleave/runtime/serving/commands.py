@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -88,6 +89,7 @@ def run_worker(args: argparse.Namespace) -> int:
     settings = WorkerSettings.from_args(args)
     store = settings.store
     try:
+        sock = _inherited(settings.listen_fd)
         config = engine_config(settings.engine, secret(store.kv_salt_file, KV_SALT_ENV) or "")
         token = internal_token(settings.internal_token_file, settings.host)
         store_config = None
@@ -105,11 +107,15 @@ def run_worker(args: argparse.Namespace) -> int:
                 f"ttl {store.kv_ttl_seconds} s, salted: {bool(config.salt)})"])
     except (ModelLoadError, OSError, ValueError) as e:
         return _error("worker", e)
-    return _serve_worker(settings, config, store_config, token)
+    return _serve_worker(settings, config, store_config, token, sock)
 
 
-def _serve_worker(settings: WorkerSettings, config: EngineConfig,
-                  store_config: object, token: str | None) -> int:
+def _inherited(fd: int | None) -> socket.socket | None:
+    return None if fd is None else http_server.inherited_socket(fd)
+
+
+def _serve_worker(settings: WorkerSettings, config: EngineConfig, store_config: object,
+                  token: str | None, sock: socket.socket | None) -> int:
     from cleave.kv_store.codec import mac_key
     from cleave.kv_store.keys import KeySpace
     from cleave.kv_store.redis_config import RedisStoreConfig
@@ -135,8 +141,8 @@ def _serve_worker(settings: WorkerSettings, config: EngineConfig,
                             "workers; they will recompute")
         worker = Worker(engine, settings.role, connector, token, settings.max_open_requests,
                         model_name=settings.served.names(config.model)[0])
-        return await serve(worker, settings.host,
-                           settings.port, settings.grace_period, settings.http)
+        return await serve(worker, settings.host, settings.port, settings.grace_period,
+                           settings.http, sock)
 
     return asyncio.run(main())
 
@@ -163,6 +169,10 @@ def run_router(args: argparse.Namespace) -> int:
         if value is not None and value < 0:
             print(f"cleave router: error: {flag} must be >= 0", file=sys.stderr)
             return 2
+    try:
+        sock = _inherited(s.listen_fd)
+    except ValueError as e:
+        return _error("router", e)
     if args.check:
         try:  # what _serve_router builds, but the tokenizer
             model = check_model(s.model, s.revision)
@@ -175,7 +185,7 @@ def run_router(args: argparse.Namespace) -> int:
                                    f"served as {', '.join(s.served.names(s.model))}",
                                    f"prefill {list(s.prefill)}", f"decode {list(s.decode)}",
                                    f"routing {s.routing}"])
-    return _serve_router(s)
+    return _serve_router(s, sock)
 
 
 def _router_store(s: RouterSettings) -> RedisStoreConfig | None:
@@ -187,7 +197,7 @@ def _router_store(s: RouterSettings) -> RedisStoreConfig | None:
     return RedisStoreConfig.of(s.redis, secret(s.redis.redis_password_file, REDIS_PASSWORD_ENV))
 
 
-def _serve_router(s: RouterSettings) -> int:
+def _serve_router(s: RouterSettings, sock: socket.socket | None) -> int:
     from cleave.runtime.models.loader import load_config, load_tokenizer, resolve_model
     from cleave.runtime.serving.router import Router, RouterConfig
 
@@ -216,5 +226,5 @@ def _serve_router(s: RouterSettings) -> int:
     logging.info("router listening on http://%s:%d", s.host, s.port)
     # handler_cancellation: a client that disconnects cancels its handler, which closes the
     # upstream request, which aborts it on the worker and frees its KV (streamed or not).
-    http_server.run(router.app(), s.host, s.port, s.http, handler_cancellation=True)
+    http_server.run(router.app(), s.host, s.port, s.http, sock, handler_cancellation=True)
     return 0

@@ -20,10 +20,15 @@ behaviour against real router and worker processes, so an upgrade that changes i
 
 The same timer is the longest an idle keep-alive connection lives: a proxy in front that pools
 connections must drop idle ones sooner (docs/operations.md, Security model).
+
+A server either binds its ``host:port`` or serves on a socket its parent bound for it
+(``--listen-fd``): ``cleave up`` binds every port itself (:func:`bound_socket`), so no other
+process can take a port between its choice and the server's start, and ``--port 0`` works.
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from aiohttp import web
@@ -40,19 +45,47 @@ def handler_options(http: HttpSettings) -> dict[str, Any]:
     return {"keepalive_timeout": seconds}
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: any free port), not listening yet: until the
+    server that inherits it listens, a connection is refused at once rather than left
+    waiting. OSError when the port is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        # A restarted worker binds its port again over its predecessor's TIME_WAIT
+        # connections; a live socket on the port still refuses the bind.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    """The socket a parent passed as ``--listen-fd``; ValueError when ``fd`` is none."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise ValueError(f"--listen-fd {fd} is not an open socket ({e.strerror})") from None
+    sock.set_inheritable(False)  # this server's alone: a process it starts must not hold it
+    return sock
+
+
 def run(app: web.Application, host: str, port: int, http: HttpSettings,
-        **options: Any) -> None:
+        sock: socket.socket | None = None, **options: Any) -> None:
     """Serve ``app`` until SIGTERM/SIGINT (``web.run_app``, quiet: no banner, no access log),
-    under ``http``'s bounds; ``options`` go to ``web.run_app`` too."""
-    web.run_app(app, host=host, port=port, print=None, access_log=None,
-                **handler_options(http), **options)
+    under ``http``'s bounds, on ``host:port`` or an inherited ``sock``; ``options`` go to
+    ``web.run_app`` too."""
+    where: dict[str, Any] = {"host": host, "port": port} if sock is None else {"sock": sock}
+    web.run_app(app, print=None, access_log=None, **where, **handler_options(http), **options)
 
 
-async def start(app: web.Application, host: str, port: int,
-                http: HttpSettings) -> web.AppRunner:
-    """Start serving ``app`` under ``http``'s bounds (no access log); the caller stops it with
-    the returned runner's ``cleanup()``."""
+async def start(app: web.Application, host: str, port: int, http: HttpSettings,
+                sock: socket.socket | None = None) -> web.AppRunner:
+    """Start serving ``app`` under ``http``'s bounds (no access log), on ``host:port`` or an
+    inherited ``sock``; the caller stops it with the returned runner's ``cleanup()``."""
     runner = web.AppRunner(app, access_log=None, **handler_options(http))
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
+    await site.start()
     return runner

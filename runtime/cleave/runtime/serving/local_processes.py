@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cleave.common.flags import flag_name
 from cleave.common.settings import WorkerSettings
+from cleave.runtime.serving import http_server
 from cleave.runtime.serving.gpus import VISIBLE, least_used
 from cleave.runtime.serving.membership import write_members
 
@@ -26,10 +28,10 @@ MAX_WORKER_RESTARTS = 5  # per worker; a worker that keeps dying takes the platf
 STARTING, READY, DRAINING = "starting", "ready", "draining"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Every process serves on a socket cleave up bound for it (http_server.bound_socket): a port
+# chosen with bind(0) and released again could be taken by another process before the server
+# bound it, and a /ready answered by that process would pass for this one's.
+LISTEN_FD_FLAG = flag_name("listen_fd")
 
 
 def answers_ready(url: str, timeout: float = 1.0) -> bool:
@@ -51,8 +53,8 @@ def _relay(name: str, proc: subprocess.Popen[bytes]) -> None:
 class LocalProcess:
     name: str
     role: str  # prefill, decode, both, router
-    url: str
-    command: list[str]
+    address: tuple[str, int]  # where it listens, on a socket cleave up binds for each launch
+    command: list[str]  # without LISTEN_FD_FLAG: each launch adds its socket's
     env: dict[str, str]
     proc: subprocess.Popen[bytes] = field(init=False)
     state: str = STARTING
@@ -60,11 +62,26 @@ class LocalProcess:
     restarts: int = 0
     gpu: str | None = None  # its CUDA_VISIBLE_DEVICES, when cleave up spreads workers
 
-    def launch(self) -> None:
-        # Own session: a Ctrl-C in the terminal reaches cleave up alone, which then stops
-        # every child in order instead of all of them dying at once.
-        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+    @property
+    def url(self) -> str:
+        return "http://{}:{}".format(*self.address)
+
+    def launch(self, sock: socket.socket | None = None) -> None:
+        """Start it on ``sock``, or (a restart) on a socket bound to its address again: the
+        port stays its own. OSError when the port was taken since."""
+        if sock is None:
+            sock = http_server.bound_socket(*self.address)
+        try:
+            # Own session: a Ctrl-C in the terminal reaches cleave up alone, which then
+            # stops every child in order instead of all of them dying at once.
+            self.proc = subprocess.Popen(
+                [*self.command, LISTEN_FD_FLAG, str(sock.fileno())], env=self.env,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                pass_fds=(sock.fileno(),))
+        finally:
+            # The child's alone from here: once it exits the port refuses connections at
+            # once (the router fails over) instead of queueing them for nobody.
+            sock.close()
         self.launched_at = time.monotonic()
         self.state = STARTING
         threading.Thread(target=_relay, args=(self.name, self.proc), daemon=True).start()
@@ -95,22 +112,25 @@ class Supervisor:
                 raise RuntimeError("stopping: no new workers")
             index = self._next_index.get(role, 0)
             self._next_index[role] = index + 1
-            settings = replace(self._worker, role=role, port=free_port())
+            sock = http_server.bound_socket(self._worker.host, 0)
+            settings = replace(self._worker, role=role, port=sock.getsockname()[1])
             env, gpu = self._env, None
             if self._gpus:
                 gpu = least_used(self._gpus, [q.gpu for q in self._processes if q.gpu])
                 env = dict(env, **{VISIBLE: gpu})
-            p = LocalProcess(f"{role}-{index}", role,
-                             f"http://{settings.host}:{settings.port}",
+            p = LocalProcess(f"{role}-{index}", role, (settings.host, settings.port),
                              [*self._cli, "worker", *settings.to_args()], env, gpu=gpu)
-            p.launch()
+            p.launch(sock)
             self._processes.append(p)
             return p
 
-    def start_router(self, command: list[str], url: str) -> LocalProcess:
+    def start_router(self, command: list[str], sock: socket.socket) -> LocalProcess:
+        """The router, on ``sock`` (bound by cleave up before anything else started)."""
+        host, port = sock.getsockname()[:2]
         with self._lock:
-            p = LocalProcess("router", "router", url, [*self._cli, *command], self._env)
-            p.launch()
+            p = LocalProcess("router", "router", (host, port), [*self._cli, *command],
+                             self._env)
+            p.launch(sock)
             self._processes.append(p)
             return p
 
@@ -205,7 +225,10 @@ class Supervisor:
                     p.restarts += 1
                     self.say(f"{p.name} exited with code {code}; restarting it "
                              f"({p.restarts}/{MAX_WORKER_RESTARTS})")
-                    p.launch()
+                    try:
+                        p.launch()
+                    except OSError as e:  # another process bound its port meanwhile
+                        return f"{p.name} cannot listen on {p.url} again: {e.strerror}"
                     self._publish()
             elif p.state == STARTING:
                 if answers_ready(p.url, timeout=0.5):

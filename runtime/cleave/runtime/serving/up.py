@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -36,6 +37,7 @@ from cleave.common.settings import (
     WorkerSettings,
 )
 from cleave.kv_store.redis_config import split_password
+from cleave.runtime.serving import http_server
 from cleave.runtime.serving.autoscale_settings import (
     AutoscaleSettings,
     add_autoscale_arguments,
@@ -64,7 +66,9 @@ def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="decode worker processes (default 1; the starting count with "
                         "--autoscale)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="the router's port")
+    p.add_argument("--port", type=int, default=8000,
+                   help="the router's port (default 8000; 0: any free one, said in the "
+                        "'Cleave is up' line)")
     RedisSettings.add_arguments(p)  # without --redis-url: a private redis-server
     RoutingSettings.add_arguments(p)
     HttpSettings.add_arguments(p)  # the router's, the workers' and the metrics server's
@@ -100,11 +104,11 @@ def _password_to_env(url: str, env: dict[str, str]) -> str:
 
 
 def _router_command(args: argparse.Namespace, store: RedisSettings, sup: Supervisor,
-                    autoscale: AutoscaleSettings | None) -> list[str]:
+                    autoscale: AutoscaleSettings | None, sock: socket.socket) -> list[str]:
     routing = RoutingSettings.from_args(args)
     settings = RouterSettings(model=args.model, revision=args.revision,
                               served=ServedSettings.from_args(args), host=args.host,
-                              port=args.port, redis=store,
+                              port=sock.getsockname()[1], redis=store,
                               max_model_len=args.max_model_len,
                               routing=routing, http=HttpSettings.from_args(args))
     if autoscale is not None:
@@ -117,6 +121,16 @@ def _router_command(args: argparse.Namespace, store: RedisSettings, sup: Supervi
                            prefill=tuple(p.url for p in workers if p.role == "prefill"),
                            decode=tuple(p.url for p in workers if p.role != "prefill"))
     return ["router", *settings.to_args()]
+
+
+def _router_socket(host: str, port: int) -> socket.socket | None:
+    """The router's port, bound before the model loads (None: taken, and said so)."""
+    try:
+        return http_server.bound_socket(host, port)
+    except OSError as e:
+        print(f"cleave up: error: cannot listen on {host}:{port}: {e.strerror}",
+              file=sys.stderr, flush=True)
+        return None
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -132,6 +146,10 @@ def run_up(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"cleave up: error: {e}", file=sys.stderr, flush=True)
         return 2
+    router_socket = _router_socket(args.host, args.port)  # first: a taken port is said at once
+    if router_socket is None:
+        return 2
+    endpoint = f"http://{args.host}:{router_socket.getsockname()[1]}"  # --port 0: the one got
     print(f"cleave up: preparing model '{args.model}'", flush=True)
     # Convert (or download) once here, not in every worker at the same time.
     try:
@@ -184,11 +202,10 @@ def run_up(args: argparse.Namespace) -> int:
                 sup.spawn_worker(role)
         sup.wait_ready(sup.all(), args.startup_timeout)
         sup.publish()
-        router = sup.start_router(_router_command(args, store, sup, autoscale),
-                                  f"http://{args.host}:{args.port}")
+        router = sup.start_router(_router_command(args, store, sup, autoscale, router_socket),
+                                  router_socket)
         sup.wait_ready([router], args.startup_timeout)
-        print(_banner(f"http://{args.host}:{args.port}",
-                      worker.served.names(args.model)[0]), flush=True)
+        print(_banner(endpoint, worker.served.names(args.model)[0]), flush=True)
         if autoscale is not None:
             sup.say(describe_settings(autoscale))
             assert tmp is not None

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from collections.abc import AsyncGenerator
 from typing import TypeVar
@@ -334,10 +335,11 @@ def _line(out: RequestOutput) -> bytes:
 
 
 async def serve(worker: Worker, host: str, port: int, grace_seconds: float,
-                http: HttpSettings) -> int:
-    """Serve until SIGTERM/SIGINT, then drain within ``grace_seconds`` and stop; returns the
-    process exit code (1: the engine died, and the worker must be restarted)."""
-    runner = await http_server.start(worker.app(), host, port, http)
+                http: HttpSettings, sock: socket.socket | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (on ``host:port``, or ``sock`` when cleave up bound it),
+    then drain within ``grace_seconds`` and stop; returns the process exit code (1: the
+    engine died, and the worker must be restarted)."""
+    runner = await http_server.start(worker.app(), host, port, http, sock)
     log.info("%s worker listening on http://%s:%d", worker.role, host, port)
     problem = await worker.store_problem()
     if problem is not None:  # said once up front: a wrong password is not a per-request surprise
