@@ -123,16 +123,23 @@ class RedisServer:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class PortTaken(RuntimeError):
+    """Another process bound the port between its choice and redis-server's start."""
+
+
 def _wait_ready(server: RedisServer, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         if not server.alive():
-            raise RuntimeError(f"redis-server on port {server.port} exited with "
-                               f"{server.proc.returncode}:\n{server.log_tail()}")
+            tail = server.log_tail()
+            error = PortTaken if "Address already in use" in tail else RuntimeError
+            raise error(f"redis-server on port {server.port} exited with "
+                        f"{server.proc.returncode}:\n{tail}")
         client = server.client(socket_timeout=0.5, socket_connect_timeout=0.5)
         try:
-            if client.ping():
+            # Ours, not another redis-server that holds the port (ours then exits, above).
+            if client.info("server")["process_id"] == server.proc.pid:
                 return
         except redis.RedisError as e:
             last = e
@@ -149,9 +156,22 @@ def start_server(*, password: str | None = None, port: int | None = None,
                  ) -> RedisServer:
     """A fresh redis-server on 127.0.0.1:<free port> and a unix socket, persisting nothing.
     ``command`` runs in its place (e.g. a pod's ``sh -c`` script that execs redis-server with
-    the arguments given after it), with ``env`` as its environment."""
+    the arguments given after it), with ``env`` as its environment. A free port taken by
+    another process before redis-server bound it is replaced by another (redis-server takes
+    no inherited socket)."""
+    for attempt in range(5):
+        try:
+            return _start_server(password, free_port() if port is None else port,
+                                 extra_args, timeout, command, env)
+        except PortTaken:
+            if port is not None or attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_server(password: str | None, port: int, extra_args: Sequence[str], timeout: float,
+                  command: Sequence[str], env: dict[str, str] | None) -> RedisServer:
     workdir = Path(tempfile.mkdtemp(prefix="ckv-", dir="/tmp"))
-    port = free_port() if port is None else port
     sock = workdir / "redis.sock"
     log = workdir / "redis.log"
     args = [*command, "--port", str(port), "--bind", "127.0.0.1",

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from redis_servers import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 Obj = dict[str, Any]
@@ -149,9 +150,9 @@ class Prometheus:
 
 
 @contextmanager
-def prometheus(workdir: Path, jobs: list[Obj], sd: list[Obj], port: int,
-               ) -> Iterator[Prometheus]:
-    """Run the real binary on ``jobs`` with ``sd`` as the file service discovery's targets."""
+def prometheus(workdir: Path, jobs: list[Obj], sd: list[Obj]) -> Iterator[Prometheus]:
+    """Run the real binary on ``jobs`` with ``sd`` as the file service discovery's targets, on
+    a free port (another, should another process take the one chosen before it binds)."""
     assert PROMETHEUS is not None
     sd_file = workdir / "targets.json"
     sd_file.write_text(json.dumps(sd))
@@ -161,26 +162,36 @@ def prometheus(workdir: Path, jobs: list[Obj], sd: list[Obj], port: int,
     config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s",
                                                  "evaluation_interval": "1s"},
                                       "scrape_configs": jobs}))
-    log = (workdir / "prometheus.log").open("wb")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}",
-                             f"--storage.tsdb.path={workdir / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (workdir / "prometheus.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "prometheus not ready in 60 s"
-            time.sleep(0.2)
-        yield Prometheus(url)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+    log = workdir / "prometheus.log"
+    for _ in range(5):
+        port = free_port()
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                stdout=out, stderr=subprocess.STDOUT)
+        prom = Prometheus(f"http://127.0.0.1:{port}")
+        try:
+            if _ready(prom, proc, config, log):
+                yield prom
+                return
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    raise AssertionError("no free port for prometheus in 5 tries")
+
+
+def _ready(prom: Prometheus, proc: subprocess.Popen[bytes], config: Path, log: Path) -> bool:
+    """Whether ``proc`` came up (False: its port was taken first); asserts on anything else."""
+    deadline = time.monotonic() + 60
+    while proc.poll() is None:
+        try:  # this Prometheus, not another process on the port
+            if prom.api("status/flags")["data"]["config.file"] == str(config):
+                return True
+        except (OSError, ValueError, KeyError, AssertionError):
+            pass
+        assert time.monotonic() < deadline, "prometheus not ready in 60 s"
+        time.sleep(0.2)
+    text = log.read_text()
+    assert "address already in use" in text, text[-3000:]
+    return False

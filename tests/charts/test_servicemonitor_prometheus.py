@@ -23,7 +23,6 @@ import openai
 import pytest
 from chart_support import ALL_ON, HELM, by_kind, template
 from prometheus_support import PROMETHEUS, Obj, Prometheus, prometheus, scrape_config, targets
-from redis_servers import free_port
 from serving_stack import SERVED, start_stack
 
 from cleave.autoscaling.policy import DECODE, PREFILL
@@ -81,8 +80,7 @@ def scraped(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
         addresses = {role: url.removeprefix("http://") for role, url in
                      {**workers, "router": stack.router.url}.items()}
         workdir = tmp_path_factory.mktemp("prometheus")
-        with prometheus(workdir, scrape_config(monitor), targets(children, addresses),
-                        free_port()) as prom:
+        with prometheus(workdir, scrape_config(monitor), targets(children, addresses)) as prom:
             deadline = time.monotonic() + 60
             while not _all_up(prom) and time.monotonic() < deadline:
                 time.sleep(0.5)

@@ -23,7 +23,6 @@ import pytest
 from charts.prometheus_support import PROMETHEUS, prometheus
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from redis_servers import free_port
 
 from cleave.autoscaling import registry
 from cleave.autoscaling.policy import DECODE, PREFILL, RoleSignals
@@ -120,7 +119,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, flo
     subprocess.run([str(Path(str(PROMETHEUS)).with_name("promtool")), "tsdb",
                     "create-blocks-from", "openmetrics", str(workdir / "series.om"),
                     str(workdir / "data")], check=True, capture_output=True)
-    with prometheus(workdir, [], [], free_port()) as prom:
+    with prometheus(workdir, [], []) as prom:
         yield prom.url, start + (STEPS - 1) * STEP_S, collector
 
 

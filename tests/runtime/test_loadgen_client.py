@@ -56,7 +56,10 @@ async def test_stream_timing_and_usage(stub: Stub, chat: bool) -> None:
     assert r.index == 3 and 0 <= r.start < 0.5
     assert r.ttft is not None and FIRST_DELAY - 0.01 <= r.ttft < FIRST_DELAY + 0.5
     assert len(r.chunk_times) == CHUNKS and len(r.itls) == CHUNKS - 1
-    assert all(GAP - 0.01 <= x < GAP + 0.3 for x in r.itls)
+    # Each gap as the stub spaced it; one alone looks short when the client read the chunk
+    # before it late (a busy box), so the lower bounds allow for one such late read.
+    assert all(GAP / 2 <= x < GAP + 0.3 for x in r.itls), r.itls
+    assert sum(r.itls) >= (CHUNKS - 1) * GAP - GAP / 2, r.itls
     assert (r.prompt_tokens, r.output_tokens, r.usage_reported) == (PROMPT_TOKENS, CHUNKS, True)
     assert r.tpot == pytest.approx((r.e2e - r.ttft) / (CHUNKS - 1))
     assert r.e2e >= r.chunk_times[-1]
