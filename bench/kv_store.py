@@ -214,7 +214,7 @@ def main() -> int:
     if args.redis_url:
         result = asyncio.run(main_async(args, args.redis_url))
     else:
-        with start_local_redis() as server:
+        with start_local_redis(tcp=True) as server:
             url = server.unix_url if args.transport == "unix" else server.tcp_url
             result = asyncio.run(main_async(args, url))
     print(json.dumps(result))

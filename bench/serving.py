@@ -24,17 +24,17 @@ import argparse
 import json
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import openai
+
+from cleave.runtime.serving.up import said_port
 
 MODEL = "smollm2-135m-instruct"
 PROMPT_TOKENS = 512
@@ -45,30 +45,24 @@ def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start(name: str, prefill: int, port: int, logdir: Path,
-          decode: int = 1) -> subprocess.Popen[bytes]:
-    logfile = (logdir / f"{name}.log").open("wb")
+def start(name: str, prefill: int, logdir: Path,
+          decode: int = 1) -> tuple[subprocess.Popen[bytes], int]:
+    """``cleave up`` on a free port (``--port 0``: it binds one itself, so nothing takes it
+    first); the process and the port its "Cleave is up" line says."""
+    path = logdir / f"{name}.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "cleave.common.cli", "up", "--prefill", str(prefill),
-         "--decode", str(decode), "--port", str(port), "--disaggregate-min-tokens", "64"],
-        stdout=logfile, stderr=subprocess.STDOUT)
+         "--decode", str(decode), "--port", "0", "--disaggregate-min-tokens", "64"],
+        stdout=path.open("wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited: {(logdir / f'{name}.log').read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as r:
-                if r.status == 200:
-                    log(f"{name} deployment ready on port {port}")
-                    return proc
-        except OSError:
-            time.sleep(0.5)
+            raise RuntimeError(f"{name} exited: {path.read_text()[-2000:]}")
+        port = said_port(path.read_text(errors="replace"))
+        if port is not None:
+            log(f"{name} deployment ready on port {port}")
+            return proc, port
+        time.sleep(0.5)
     raise RuntimeError(f"{name} not ready in time")
 
 
@@ -104,9 +98,10 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def low_load(n: int, logdir: Path) -> dict[str, object]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        ports = {"disagg": free_port(), "colocated": free_port()}
-        procs.append(start("disagg", 1, ports["disagg"], logdir))
-        procs.append(start("colocated", 0, ports["colocated"], logdir))
+        ports: dict[str, int] = {}
+        for key, prefill in (("disagg", 1), ("colocated", 0)):
+            proc, ports[key] = start(key, prefill, logdir)
+            procs.append(proc)
         clients = {k: openai.OpenAI(base_url=f"http://127.0.0.1:{p}/v1", api_key="-",
                                     max_retries=0, timeout=120) for k, p in ports.items()}
         rng = random.Random(0)
@@ -160,9 +155,10 @@ def prompt_heavy(rounds: int, per_round: int, logdir: Path) -> dict[str, object]
     good = {k: 0 for k in setups}
     tried = {k: 0 for k in setups}
     try:
-        ports = {k: free_port() for k in setups}
+        ports: dict[str, int] = {}
         for k, (prefill, decode) in setups.items():
-            procs.append(start(f"heavy-{k}", prefill, ports[k], logdir, decode))
+            proc, ports[k] = start(f"heavy-{k}", prefill, logdir, decode)
+            procs.append(proc)
         for i in range(rounds):
             order = list(setups) if i % 2 == 0 else list(reversed(setups))
             for k in order:

@@ -138,7 +138,8 @@ def _wait_ready(server: RedisServer, timeout: float) -> None:
                         f"{server.proc.returncode}:\n{tail}")
         client = server.client(socket_timeout=0.5, socket_connect_timeout=0.5)
         try:
-            # Ours, not another redis-server that holds the port (ours then exits, above).
+            # Ours, not another redis-server that holds the port (ours then exits, above). A
+            # ``command`` wrapper must exec redis-server, keeping this pid, as the pods' do.
             if client.info("server")["process_id"] == server.proc.pid:
                 return
         except redis.RedisError as e:

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from up_banner import up_port
+from cleave.runtime.serving.up import said_port
 
 CLI = [sys.executable, "-m", "cleave.common.cli"]
 STARTUP_TIMEOUT = 180.0  # a loaded 2-core CI box imports torch in five processes at once
@@ -114,7 +114,7 @@ class UpProcess:
 
     def wait_up(self, timeout: float = STARTUP_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
-        while (port := up_port(self.log_text())) is None:
+        while (port := said_port(self.log_text())) is None:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"cleave up exited with {self.proc.returncode}:\n"
                                    f"{self.log_text()[-4000:]}")

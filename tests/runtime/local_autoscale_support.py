@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from up_banner import up_port
+from cleave.runtime.serving.up import said_port
 
 CLI = [sys.executable, "-m", "cleave.common.cli"]
 
@@ -81,7 +81,7 @@ class Up:
     def wait_up(self, timeout: float = 180) -> None:
         def up() -> bool:
             assert self.proc.poll() is None, self.log()[-5000:]
-            self.port = up_port(self.log()) or 0
+            self.port = said_port(self.log()) or 0
             return self.port != 0
         wait_for(up, timeout, "cleave up ready", self.log)
 

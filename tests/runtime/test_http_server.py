@@ -7,6 +7,8 @@ tests/reliability/test_attack_slowloris.py.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -106,3 +108,42 @@ def test_the_servers_refuse_a_listen_fd_that_is_no_socket(
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"--listen-fd {fd} is not an open socket (Socket operation on non-socket)" \
         in done.stderr
+
+
+def test_a_listening_socket_is_its_ports_alone_at_once() -> None:
+    """cleave up's router socket listens from the start: until then another SO_REUSEADDR
+    socket (asyncio's default) could bind the same explicit port, and listen first."""
+    def thief(port: int) -> socket.socket:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        return s
+
+    with http_server.bound_socket("127.0.0.1", 0) as bound:
+        thief(bound.getsockname()[1]).close()  # shared: why the router's socket listens
+    with http_server.bound_socket("127.0.0.1", 0, listen=True) as held:
+        with pytest.raises(OSError, match="Address already in use"):
+            thief(held.getsockname()[1])
+        socket.create_connection(held.getsockname(), timeout=5).close()  # waits for the server
+
+
+def _check(command: list[str], sock: socket.socket, model: Path
+           ) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "CLEAVE_INTERNAL_TOKEN"}
+    return subprocess.run([sys.executable, "-m", "cleave.common.cli", *command, "--model",
+                           str(model), "--port", "1", "--listen-fd", str(sock.fileno()),
+                           "--check"], pass_fds=(sock.fileno(),), capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_the_inherited_sockets_address_wins_over_host_and_port(tiny_model_dir: Path) -> None:
+    with http_server.bound_socket("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        done = _check(["router", "--decode", "http://127.0.0.1:9"], sock, tiny_model_dir)
+    assert done.returncode == 0, done.stderr
+    assert f"listening on 127.0.0.1:{port}" in done.stdout
+    # A worker handed a socket on every address needs the internal token, whatever --host says.
+    with http_server.bound_socket("0.0.0.0", 0) as everywhere:
+        done = _check(["worker"], everywhere, tiny_model_dir)
+    assert done.returncode == 2
+    assert "listening on 0.0.0.0 needs an internal token" in done.stderr

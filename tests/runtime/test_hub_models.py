@@ -19,12 +19,12 @@ from hub_server import FakeHub
 from redis_servers import free_port
 from safetensors.torch import load_file
 from tiny_model import build_tiny_llama
-from up_banner import up_port
 
 from cleave.runtime.engine.config import EngineConfig
 from cleave.runtime.engine.llm_engine import LLMEngine
 from cleave.runtime.engine.sequence import SamplingParams
 from cleave.runtime.models.loader import ModelLoadError, check_model, resolve_model
+from cleave.runtime.serving.up import said_port
 
 TOKEN = "hf_test_token"
 EXTRAS = {"README.md": b"# tiny\n", "consolidated.safetensors": b"not needed",
@@ -172,7 +172,7 @@ def test_up_serves_a_hub_model(env: Path, hub: FakeHub, tmp_path: Path) -> None:
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 180
-        while (port := up_port(log.read_text())) is None:
+        while (port := said_port(log.read_text())) is None:
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.3)

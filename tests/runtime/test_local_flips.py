@@ -16,7 +16,8 @@ from pathlib import Path
 
 import openai
 from local_autoscale_support import Up, wait_for
-from up_banner import up_port
+
+from cleave.runtime.serving.up import said_port
 
 ARGS = ("--autoscale", "--autoscale-interval", "0.5", "--metrics-window", "2",
         "--prefill", "1", "--decode", "2", "--prefill-max", "2", "--decode-min", "1",
@@ -30,7 +31,7 @@ def _prompt_heavy(up: Up, stop: threading.Event, errors: list[str], offset: int,
     cached): prefill work."""
     # The router's port is said in the "Cleave is up" line, printed before the autoscaler
     # starts: read it as soon as it is there, so the load leads the first decision.
-    while (port := up_port(up.log())) is None and not stop.is_set():
+    while (port := said_port(up.log())) is None and not stop.is_set():
         time.sleep(0.05)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0,
                            timeout=60)

@@ -13,7 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import openai
-from up_banner import up_port
+
+from cleave.runtime.serving.up import said_port
 
 
 def _children(pid: int) -> set[int]:
@@ -39,7 +40,7 @@ def test_up_serves_and_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_path: P
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 120
-        while (port := up_port(log.read_text())) is None:
+        while (port := said_port(log.read_text())) is None:
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)

@@ -30,9 +30,9 @@ KV_SALT_ENV = "CLEAVE_KV_SALT"
 INTERNAL_TOKEN_ENV = "CLEAVE_INTERNAL_TOKEN"
 INTERNAL_TOKEN_HELP = (f"file holding the service's internal token, the Bearer key of the "
                        f"workers' /internal/* API (or set {INTERNAL_TOKEN_ENV})")
-LISTEN_FD_HELP = ("serve on this inherited socket (a file descriptor, bound, not yet "
-                  "listening) instead of binding --host:--port, which it then only reports: "
-                  "cleave up binds each port itself, so nothing takes it before the server starts")
+LISTEN_FD_HELP = ("serve on this inherited socket (a file descriptor, already bound) instead of "
+                  "binding --host:--port; the socket's address wins over theirs: cleave up "
+                  "binds each port itself, so nothing takes it before the server starts")
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ROLES = ("prefill", "decode", "both")

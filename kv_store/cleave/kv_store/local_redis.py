@@ -1,7 +1,8 @@
 """Start a private redis-server for one machine: benchmarks and ``cleave up``.
 
-Listens on a unix socket (the fastest loopback transport) and on a free 127.0.0.1 port, with
-persistence off (the store is a cache: every block has a TTL and can be recomputed).
+Listens on a unix socket (the fastest loopback transport), and with ``tcp`` on a free 127.0.0.1
+port too (benchmarks compare the two), with persistence off (the store is a cache: every block
+has a TTL and can be recomputed).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ def _free_port() -> int:
 @dataclass
 class LocalRedis:
     proc: subprocess.Popen[bytes]
-    port: int
+    port: int  # 0: no TCP listener
     unixsocket: Path
     workdir: Path
 
     @property
     def tcp_url(self) -> str:
+        if not self.port:
+            raise RuntimeError("this redis-server listens on its unix socket only (tcp=False)")
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
@@ -59,15 +62,17 @@ class LocalRedis:
         self.stop()
 
 
-def start_local_redis(maxmemory: str = "0", timeout: float = 10.0) -> LocalRedis:
-    """Start redis-server and wait until it answers PING (or raise with its log)."""
+def start_local_redis(maxmemory: str = "0", timeout: float = 10.0,
+                      tcp: bool = False) -> LocalRedis:
+    """Start redis-server and wait until it answers PING (or raise with its log). Without
+    ``tcp`` it has no port another process could take first (port 0: unix socket only)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RedisNotInstalled("redis-server is not installed (Debian: apt-get install "
                                 "redis-server), or pass the URL of a running Redis")
     workdir = Path(tempfile.mkdtemp(prefix="cleave-redis-"))
     sock = workdir / "redis.sock"
-    port = _free_port()
+    port = _free_port() if tcp else 0
     log = workdir / "redis.log"
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", str(sock),

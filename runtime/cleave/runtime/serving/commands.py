@@ -90,6 +90,9 @@ def run_worker(args: argparse.Namespace) -> int:
     store = settings.store
     try:
         sock = _inherited(settings.listen_fd)
+        if sock is not None:  # the socket says where it listens: the token rule below too
+            host, port = _address(sock)
+            settings = replace(settings, host=host, port=port)
         config = engine_config(settings.engine, secret(store.kv_salt_file, KV_SALT_ENV) or "")
         token = internal_token(settings.internal_token_file, settings.host)
         store_config = None
@@ -112,6 +115,12 @@ def run_worker(args: argparse.Namespace) -> int:
 
 def _inherited(fd: int | None) -> socket.socket | None:
     return None if fd is None else http_server.inherited_socket(fd)
+
+
+def _address(sock: socket.socket) -> tuple[str, int]:
+    """Host and port as an inherited socket has them (--host and --port only say)."""
+    host, port = sock.getsockname()[:2]
+    return str(host), int(port)
 
 
 def _serve_worker(settings: WorkerSettings, config: EngineConfig, store_config: object,
@@ -173,6 +182,9 @@ def run_router(args: argparse.Namespace) -> int:
         sock = _inherited(s.listen_fd)
     except ValueError as e:
         return _error("router", e)
+    if sock is not None:
+        host, port = _address(sock)
+        s = replace(s, host=host, port=port)
     if args.check:
         try:  # what _serve_router builds, but the tokenizer
             model = check_model(s.model, s.revision)

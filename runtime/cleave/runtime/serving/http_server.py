@@ -33,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cleave.common.flags import flag_name
 from cleave.common.settings import HttpSettings
 
 
@@ -45,16 +46,24 @@ def handler_options(http: HttpSettings) -> dict[str, Any]:
     return {"keepalive_timeout": seconds}
 
 
-def bound_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (0: any free port), not listening yet: until the
-    server that inherits it listens, a connection is refused at once rather than left
-    waiting. OSError when the port is taken."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+def bound_socket(host: str, port: int, *, listen: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: any free port), for a server to inherit.
+
+    Not listening (the default), a connection is refused at once until that server listens,
+    and ``bind(0)`` never hands its port to another socket meanwhile. ``listen``: the port is
+    this socket's alone at once (another SO_REUSEADDR socket may still bind an explicit port
+    that is bound but not listening), and connections wait until the server serves. OSError
+    when the port is taken or the host unknown, OverflowError past 65535."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
     try:
         # A restarted worker binds its port again over its predecessor's TIME_WAIT
         # connections; a live socket on the port still refuses the bind.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        sock.bind(address)
+        if listen:
+            sock.listen()
     except OSError:
         sock.close()
         raise
@@ -62,11 +71,13 @@ def bound_socket(host: str, port: int) -> socket.socket:
 
 
 def inherited_socket(fd: int) -> socket.socket:
-    """The socket a parent passed as ``--listen-fd``; ValueError when ``fd`` is none."""
+    """The socket a parent passed as ``--listen-fd``; ValueError when ``fd`` is not an open
+    socket."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError as e:
-        raise ValueError(f"--listen-fd {fd} is not an open socket ({e.strerror})") from None
+        raise ValueError(f"{flag_name('listen_fd')} {fd} is not an open socket "
+                         f"({e.strerror})") from None
     sock.set_inheritable(False)  # this server's alone: a process it starts must not hold it
     return sock
 

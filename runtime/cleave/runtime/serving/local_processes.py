@@ -64,13 +64,11 @@ class LocalProcess:
 
     @property
     def url(self) -> str:
-        return "http://{}:{}".format(*self.address)
+        host, port = self.address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    def launch(self, sock: socket.socket | None = None) -> None:
-        """Start it on ``sock``, or (a restart) on a socket bound to its address again: the
-        port stays its own. OSError when the port was taken since."""
-        if sock is None:
-            sock = http_server.bound_socket(*self.address)
+    def launch(self, sock: socket.socket) -> None:
+        """Start it on ``sock`` (bound to its address; a restart binds it again)."""
         try:
             # Own session: a Ctrl-C in the terminal reaches cleave up alone, which then
             # stops every child in order instead of all of them dying at once.
@@ -226,9 +224,10 @@ class Supervisor:
                     self.say(f"{p.name} exited with code {code}; restarting it "
                              f"({p.restarts}/{MAX_WORKER_RESTARTS})")
                     try:
-                        p.launch()
+                        sock = http_server.bound_socket(*p.address)
                     except OSError as e:  # another process bound its port meanwhile
                         return f"{p.name} cannot listen on {p.url} again: {e.strerror}"
+                    p.launch(sock)
                     self._publish()
             elif p.state == STARTING:
                 if answers_ready(p.url, timeout=0.5):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -20,8 +21,9 @@ import socket
 import sys
 import tempfile
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from cleave.autoscaling.metrics_server import start_metrics_server
@@ -49,7 +51,10 @@ from cleave.runtime.serving.gpus import VISIBLE, gpus_for_workers
 from cleave.runtime.serving.local_autoscale import LocalAutoscaler
 from cleave.runtime.serving.local_processes import Supervisor
 
-__all__ = ["add_up_parser", "run_up"]
+if TYPE_CHECKING:
+    from cleave.kv_store.local_redis import LocalRedis
+
+__all__ = ["add_up_parser", "run_up", "said_port"]
 
 
 def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,9 +85,21 @@ def add_up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=run_up)
 
 
+UP_LINE = "Cleave is up: {endpoint}/v1"
+_SAID = re.compile("^" + re.escape(UP_LINE).replace(re.escape("{endpoint}"),
+                                                    r"http://\S+:(\d+)"), re.MULTILINE)
+
+
+def said_port(log: str) -> int | None:
+    """The router's port in a ``cleave up`` log's "Cleave is up" line; None until it is up.
+    How a script (or a test) that started it with ``--port 0`` finds it."""
+    found = _SAID.search(log)
+    return None if found is None else int(found[1])
+
+
 def _banner(endpoint: str, model: str) -> str:
     return f"""
-Cleave is up: {endpoint}/v1  (model '{model}'; Ctrl-C stops everything)
+{UP_LINE.format(endpoint=endpoint)}  (model '{model}'; Ctrl-C stops everything)
 
   curl {endpoint}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
@@ -123,18 +140,22 @@ def _router_command(args: argparse.Namespace, store: RedisSettings, sup: Supervi
     return ["router", *settings.to_args()]
 
 
-def _router_socket(host: str, port: int) -> socket.socket | None:
-    """The router's port, bound before the model loads (None: taken, and said so)."""
-    try:
-        return http_server.bound_socket(host, port)
-    except OSError as e:
-        print(f"cleave up: error: cannot listen on {host}:{port}: {e.strerror}",
-              file=sys.stderr, flush=True)
-        return None
+def _error(message: object) -> None:
+    print(f"cleave up: error: {message}", file=sys.stderr, flush=True)
 
 
-def run_up(args: argparse.Namespace) -> int:
-    from cleave.kv_store.local_redis import start_local_redis
+@dataclass(frozen=True)
+class _Start:
+    autoscale: AutoscaleSettings | None
+    connection: RedisSettings
+    router_socket: socket.socket
+    endpoint: str  # with the port the router's socket got (--port 0)
+
+
+def _prepare(args: argparse.Namespace) -> _Start | None:
+    """What can refuse the start before any process runs: the flags, the router's port (first:
+    a taken port is said at once), the model (converted or downloaded once, here, not in every
+    worker at the same time). None: refused, and said so."""
     from cleave.runtime.models.loader import ModelLoadError, resolve_model
 
     try:
@@ -144,27 +165,48 @@ def run_up(args: argparse.Namespace) -> int:
             raise ValueError("--redis-password-file and --redis-tls-* apply to a --redis-url, "
                              "not to the private redis-server")
     except ValueError as e:
-        print(f"cleave up: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    router_socket = _router_socket(args.host, args.port)  # first: a taken port is said at once
-    if router_socket is None:
-        return 2
-    endpoint = f"http://{args.host}:{router_socket.getsockname()[1]}"  # --port 0: the one got
+        _error(e)
+        return None
+    try:
+        sock = http_server.bound_socket(args.host, args.port, listen=True)
+    except (OSError, OverflowError) as e:
+        _error(f"cannot listen on {args.host}:{args.port}: {getattr(e, 'strerror', e)}")
+        return None
     print(f"cleave up: preparing model '{args.model}'", flush=True)
-    # Convert (or download) once here, not in every worker at the same time.
     try:
         resolve_model(args.model, revision=args.revision)
     except ModelLoadError as e:
-        print(f"cleave up: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    redis = None
-    redis_url = args.redis_url
-    if redis_url is None:
+        sock.close()
+        _error(e)
+        return None
+    return _Start(autoscale, connection, sock, f"http://{args.host}:{sock.getsockname()[1]}")
+
+
+def _private_redis() -> LocalRedis | None:
+    from cleave.kv_store.local_redis import start_local_redis
+
+    try:
         redis = start_local_redis()
+    except RuntimeError as e:  # not installed, or it did not start: its log says why
+        _error(e)
+        return None
+    print(f"cleave up: redis-server on {redis.unixsocket}", flush=True)
+    return redis
+
+
+def run_up(args: argparse.Namespace) -> int:
+    start = _prepare(args)
+    if start is None:
+        return 2
+    autoscale, router_socket = start.autoscale, start.router_socket
+    redis, redis_url = None, args.redis_url
+    if redis_url is None:
+        redis = _private_redis()
+        if redis is None:
+            return 2
         redis_url = redis.unix_url
-        print(f"cleave up: redis-server on {redis.unixsocket}", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    store = replace(connection, redis_url=_password_to_env(redis_url, env))
+    store = replace(start.connection, redis_url=_password_to_env(redis_url, env))
     # The key of the workers' internal API: the caller's own (CLEAVE_INTERNAL_TOKEN, to reach
     # the workers directly), else a fresh one, in memory and the children's environment only:
     # another local user who finds a worker's port cannot call it past the router.
@@ -205,7 +247,7 @@ def run_up(args: argparse.Namespace) -> int:
         router = sup.start_router(_router_command(args, store, sup, autoscale, router_socket),
                                   router_socket)
         sup.wait_ready([router], args.startup_timeout)
-        print(_banner(endpoint, worker.served.names(args.model)[0]), flush=True)
+        print(_banner(start.endpoint, worker.served.names(args.model)[0]), flush=True)
         if autoscale is not None:
             sup.say(describe_settings(autoscale))
             assert tmp is not None
@@ -228,7 +270,7 @@ def run_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     except RuntimeError as e:
-        print(f"cleave up: error: {e}", file=sys.stderr, flush=True)
+        _error(e)
         return 1
     finally:
         print("cleave up: stopping", flush=True)
