@@ -96,6 +96,10 @@ def test_a_listen_fd_that_is_no_socket_is_a_clear_error(fd: str, tmp_path: Path)
         with pytest.raises(ValueError, match=f"--listen-fd {number} is not an open socket"):
             http_server.inherited_socket(number)
 
+    unix, other = socket.socketpair()
+    with unix, other, pytest.raises(ValueError, match="is not a TCP socket"):
+        http_server.inherited_socket(unix.fileno())
+
 
 @pytest.mark.parametrize("command", [["router", "--decode", "http://127.0.0.1:9"], ["worker"]])
 def test_the_servers_refuse_a_listen_fd_that_is_no_socket(
@@ -110,21 +114,31 @@ def test_the_servers_refuse_a_listen_fd_that_is_no_socket(
         in done.stderr
 
 
-def test_a_listening_socket_is_its_ports_alone_at_once() -> None:
-    """cleave up's router socket listens from the start: until then another SO_REUSEADDR
-    socket (asyncio's default) could bind the same explicit port, and listen first."""
+def test_a_bound_port_is_its_sockets_alone_unless_reused_and_not_listening() -> None:
+    """Port 0 (a worker's) binds without SO_REUSEADDR: nobody else binds it. An explicit port
+    (the router's, a restart's) takes SO_REUSEADDR, so another SO_REUSEADDR socket (asyncio's
+    default) could share it until it listens: the router's socket listens from the start."""
     def thief(port: int) -> socket.socket:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         return s
 
-    with http_server.bound_socket("127.0.0.1", 0) as bound:
-        thief(bound.getsockname()[1]).close()  # shared: why the router's socket listens
-    with http_server.bound_socket("127.0.0.1", 0, listen=True) as held:
+    with http_server.bound_socket("127.0.0.1", 0) as worker:
+        port = worker.getsockname()[1]
         with pytest.raises(OSError, match="Address already in use"):
-            thief(held.getsockname()[1])
-        socket.create_connection(held.getsockname(), timeout=5).close()  # waits for the server
+            thief(port)
+        with pytest.raises(ConnectionRefusedError):  # until the server listens
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+    with http_server.bound_socket("127.0.0.1", port) as restart:  # the same port again
+        thief(port).close()  # shared while only bound
+    with http_server.bound_socket("127.0.0.1", port, listen=True) as router:
+        with pytest.raises(OSError, match="Address already in use"):
+            thief(port)
+        socket.create_connection(router.getsockname(), timeout=5).close()  # it waits
+    assert restart.fileno() == -1
+    with pytest.raises(ValueError, match="port must be 0-65535"):
+        http_server.bound_socket("127.0.0.1", 70000)  # not wrapped round to 4464
 
 
 def _check(command: list[str], sock: socket.socket, model: Path

@@ -180,11 +180,11 @@ def run_router(args: argparse.Namespace) -> int:
             return 2
     try:
         sock = _inherited(s.listen_fd)
+        if sock is not None:
+            host, port = _address(sock)
+            s = replace(s, host=host, port=port)
     except ValueError as e:
         return _error("router", e)
-    if sock is not None:
-        host, port = _address(sock)
-        s = replace(s, host=host, port=port)
     if args.check:
         try:  # what _serve_router builds, but the tokenizer
             model = check_model(s.model, s.revision)

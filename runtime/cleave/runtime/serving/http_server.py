@@ -49,25 +49,31 @@ def handler_options(http: HttpSettings) -> dict[str, Any]:
 def bound_socket(host: str, port: int, *, listen: bool = False) -> socket.socket:
     """A TCP socket bound to ``host:port`` (0: any free port), for a server to inherit.
 
-    Not listening (the default), a connection is refused at once until that server listens,
-    and ``bind(0)`` never hands its port to another socket meanwhile. ``listen``: the port is
-    this socket's alone at once (another SO_REUSEADDR socket may still bind an explicit port
-    that is bound but not listening), and connections wait until the server serves. OSError
-    when the port is taken or the host unknown, OverflowError past 65535."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        # A restarted worker binds its port again over its predecessor's TIME_WAIT
-        # connections; a live socket on the port still refuses the bind.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        if listen:
-            sock.listen()
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    Port 0 binds without SO_REUSEADDR: no other socket can bind that port while this one
+    lives, and (not listening) a connection is refused at once until the server listens. An
+    explicit port takes SO_REUSEADDR, to bind over a predecessor's TIME_WAIT connections (a
+    restart, a quick re-run); while it is only bound, another SO_REUSEADDR socket could bind
+    it too and listen first, so a port that must be this socket's alone at once is bound with
+    ``listen`` (connections then wait until the server serves). Each address the host
+    resolves to is tried in turn. OSError when the port is taken or the host unknown,
+    ValueError for a port outside 0-65535."""
+    if not 0 <= port <= 65535:  # getaddrinfo would wrap it round (70000 -> 4464)
+        raise ValueError(f"port must be 0-65535 (got {port})")
+    error: OSError = OSError(f"{host!r} resolves to no address")
+    for family, kind, proto, _, address in socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+        sock = socket.socket(family, kind, proto)
+        try:
+            if port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            if listen:
+                sock.listen()
+            return sock
+        except OSError as e:  # e.g. ::1 first for "localhost" where IPv6 is off
+            sock.close()
+            error = e
+    raise error
 
 
 def inherited_socket(fd: int) -> socket.socket:
@@ -78,6 +84,9 @@ def inherited_socket(fd: int) -> socket.socket:
     except OSError as e:
         raise ValueError(f"{flag_name('listen_fd')} {fd} is not an open socket "
                          f"({e.strerror})") from None
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+        sock.detach()  # not ours to close
+        raise ValueError(f"{flag_name('listen_fd')} {fd} is not a TCP socket")
     sock.set_inheritable(False)  # this server's alone: a process it starts must not hold it
     return sock
 

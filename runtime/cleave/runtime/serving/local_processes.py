@@ -227,7 +227,10 @@ class Supervisor:
                         sock = http_server.bound_socket(*p.address)
                     except OSError as e:  # another process bound its port meanwhile
                         return f"{p.name} cannot listen on {p.url} again: {e.strerror}"
-                    p.launch(sock)
+                    try:
+                        p.launch(sock)
+                    except OSError as e:
+                        return f"{p.name} could not be restarted: {e}"
                     self._publish()
             elif p.state == STARTING:
                 if answers_ready(p.url, timeout=0.5):

@@ -169,8 +169,9 @@ def _prepare(args: argparse.Namespace) -> _Start | None:
         return None
     try:
         sock = http_server.bound_socket(args.host, args.port, listen=True)
-    except (OSError, OverflowError) as e:
-        _error(f"cannot listen on {args.host}:{args.port}: {getattr(e, 'strerror', e)}")
+    except (OSError, ValueError) as e:
+        _error(f"cannot listen on {args.host}:{args.port}: "
+               f"{getattr(e, 'strerror', None) or e}")
         return None
     print(f"cleave up: preparing model '{args.model}'", flush=True)
     try:
@@ -203,6 +204,7 @@ def run_up(args: argparse.Namespace) -> int:
     if redis_url is None:
         redis = _private_redis()
         if redis is None:
+            router_socket.close()
             return 2
         redis_url = redis.unix_url
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -274,6 +276,7 @@ def run_up(args: argparse.Namespace) -> int:
         return 1
     finally:
         print("cleave up: stopping", flush=True)
+        router_socket.close()  # not started: a client waiting on it is refused, not left hanging
         stopping.set()
         if autoscaler is not None:
             autoscaler.join(timeout=10)  # no scale-up may start once the stop has begun
