@@ -114,31 +114,41 @@ def test_the_servers_refuse_a_listen_fd_that_is_no_socket(
         in done.stderr
 
 
-def test_a_bound_port_is_its_sockets_alone_unless_reused_and_not_listening() -> None:
-    """Port 0 (a worker's) binds without SO_REUSEADDR: nobody else binds it. An explicit port
-    (the router's, a restart's) takes SO_REUSEADDR, so another SO_REUSEADDR socket (asyncio's
-    default) could share it until it listens: the router's socket listens from the start."""
+def test_a_listening_socket_is_its_ports_alone_a_bound_one_is_not() -> None:
+    """cleave up binds with SO_REUSEADDR (a restart must bind over TIME_WAIT connections), so
+    another SO_REUSEADDR socket (asyncio's default) could share a port only bound, and listen
+    first: a worker's first socket and the router's listen from the start."""
     def thief(port: int) -> socket.socket:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         return s
 
-    with http_server.bound_socket("127.0.0.1", 0) as worker:
-        port = worker.getsockname()[1]
-        with pytest.raises(OSError, match="Address already in use"):
-            thief(port)
-        with pytest.raises(ConnectionRefusedError):  # until the server listens
+    with http_server.bound_socket("127.0.0.1", 0) as bound:
+        port = bound.getsockname()[1]
+        with pytest.raises(ConnectionRefusedError):  # refused until the server listens
             socket.create_connection(("127.0.0.1", port), timeout=5)
-    with http_server.bound_socket("127.0.0.1", port) as restart:  # the same port again
         thief(port).close()  # shared while only bound
-    with http_server.bound_socket("127.0.0.1", port, listen=True) as router:
+    with http_server.bound_socket("127.0.0.1", 0, listen=True) as held:
         with pytest.raises(OSError, match="Address already in use"):
-            thief(port)
-        socket.create_connection(router.getsockname(), timeout=5).close()  # it waits
-    assert restart.fileno() == -1
+            thief(held.getsockname()[1])
+        socket.create_connection(held.getsockname(), timeout=5).close()  # it waits
     with pytest.raises(ValueError, match="port must be 0-65535"):
         http_server.bound_socket("127.0.0.1", 70000)  # not wrapped round to 4464
+
+
+def test_a_restart_binds_its_port_over_the_dead_servers_time_wait() -> None:
+    """A worker killed with connections open leaves them in TIME_WAIT on its port; they carry
+    the accepting socket's SO_REUSEADDR, which the restart's bind needs (a CI run met a
+    restart refused when the first socket lacked it)."""
+    with http_server.bound_socket("127.0.0.1", 0, listen=True) as server:
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: its end goes to TIME_WAIT
+        client.close()
+    with http_server.bound_socket("127.0.0.1", port) as again:
+        assert again.getsockname()[1] == port
 
 
 def _check(command: list[str], sock: socket.socket, model: Path

@@ -20,14 +20,16 @@ from cleave.common.settings import WorkerSettings
 from cleave.runtime.serving import http_server
 from cleave.runtime.serving.local_processes import Supervisor
 
-# A worker stand-in: listens on the socket it was given and notes its pid and port.
+# A worker stand-in: listens on the socket it was given, notes its pid and port, and closes
+# each connection it accepts (its end then waits in TIME_WAIT, as a killed worker's do).
 STAND_IN = r"""
-import os, socket, sys, time
+import os, socket, sys
 sock = socket.socket(fileno=int(sys.argv[sys.argv.index("--listen-fd") + 1]))
 sock.listen()
 with open(os.environ["PORTS"], "a") as f:
     f.write(f"{os.getpid()} {sock.getsockname()[1]}\n")
-time.sleep(300)
+while True:
+    sock.accept()[0].close()
 """
 
 
@@ -63,7 +65,8 @@ def test_a_workers_port_is_its_own_from_launch_and_through_a_restart(
     with socket.socket() as thief, pytest.raises(OSError) as taken:  # nobody else binds it
         thief.bind(("127.0.0.1", port))
     assert taken.value.errno == 98  # EADDRINUSE
-    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+        assert client.recv(1) == b""  # the worker closed first: TIME_WAIT on its port
 
     os.kill(pid, signal.SIGKILL)
     worker.proc.wait(timeout=10)

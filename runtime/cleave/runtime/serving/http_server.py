@@ -49,14 +49,13 @@ def handler_options(http: HttpSettings) -> dict[str, Any]:
 def bound_socket(host: str, port: int, *, listen: bool = False) -> socket.socket:
     """A TCP socket bound to ``host:port`` (0: any free port), for a server to inherit.
 
-    Port 0 binds without SO_REUSEADDR: no other socket can bind that port while this one
-    lives, and (not listening) a connection is refused at once until the server listens. An
-    explicit port takes SO_REUSEADDR, to bind over a predecessor's TIME_WAIT connections (a
-    restart, a quick re-run); while it is only bound, another SO_REUSEADDR socket could bind
-    it too and listen first, so a port that must be this socket's alone at once is bound with
-    ``listen`` (connections then wait until the server serves). Each address the host
-    resolves to is tried in turn. OSError when the port is taken or the host unknown,
-    ValueError for a port outside 0-65535."""
+    SO_REUSEADDR, so that a restart binds its port again over its predecessor's TIME_WAIT
+    connections (they keep the flag of the socket that accepted them: without it there, the
+    restart's bind fails for a minute). While only bound, another SO_REUSEADDR socket could
+    bind the same port and listen first; ``listen`` makes the port this socket's alone at once
+    (connections then wait until the server serves), not listening refuses them at once.
+    Each address the host resolves to is tried in turn. OSError when the port is taken or
+    the host unknown, ValueError for a port outside 0-65535."""
     if not 0 <= port <= 65535:  # getaddrinfo would wrap it round (70000 -> 4464)
         raise ValueError(f"port must be 0-65535 (got {port})")
     error: OSError = OSError(f"{host!r} resolves to no address")
@@ -64,8 +63,7 @@ def bound_socket(host: str, port: int, *, listen: bool = False) -> socket.socket
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
         sock = socket.socket(family, kind, proto)
         try:
-            if port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
             if listen:
                 sock.listen()

@@ -110,7 +110,9 @@ class Supervisor:
                 raise RuntimeError("stopping: no new workers")
             index = self._next_index.get(role, 0)
             self._next_index[role] = index + 1
-            sock = http_server.bound_socket(self._worker.host, 0)
+            # Listening: the port is its alone from here (a worker is listed for the router
+            # only once ready, so nothing but the /ready probe waits on it meanwhile).
+            sock = http_server.bound_socket(self._worker.host, 0, listen=True)
             settings = replace(self._worker, role=role, port=sock.getsockname()[1])
             env, gpu = self._env, None
             if self._gpus:
