@@ -47,17 +47,29 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
+_DRAW = random.SystemRandom()  # not the global generator: a test that seeds it would make
+# two xdist workers draw the same ports
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out by itself (bind(0), a client's connect)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(*, cluster_bus: bool = False) -> int:
-    """A TCP port on 127.0.0.1 nobody listens on (and ``port + 10000`` too, for a cluster)."""
-    if not cluster_bus:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 nobody has bound (and ``port + 10000`` too, for a cluster),
+    below the kernel's ephemeral range: a port handed to a server that binds it later cannot
+    be taken meanwhile by the thousands of connections the load tests open, nor by another
+    server's bind(0); only by another caller of this function, one draw in thousands."""
+    top = _ephemeral_floor() - 1 - (10000 if cluster_bus else 0)
     for _ in range(200):
-        port = random.randint(20000, 40000)
-        if _port_is_free(port) and _port_is_free(port + 10000):
+        port = _DRAW.randint(10000, top)
+        if _port_is_free(port) and (not cluster_bus or _port_is_free(port + 10000)):
             return port
-    raise RuntimeError("no free port pair (port, port + 10000) for a cluster node")
+    raise RuntimeError(f"no free port below {top + 1}")
 
 
 @dataclass(eq=False)

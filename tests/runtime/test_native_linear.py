@@ -63,6 +63,21 @@ def test_a_rows_outputs_do_not_depend_on_its_batch() -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("silu", [False, True])
+def test_no_rows_give_no_outputs(silu: bool) -> None:
+    """A step whose only prompt chunk needs no logits (a prompt longer than the step budget,
+    alone) calls the LM head with no rows: that trapped (SIGFPE, the process gone) when up to
+    3 rows took SP / rows panels at once."""
+    assert NATIVE is not None
+    weight = torch.randn(2 * 64 if silu else 354, 96, dtype=torch.bfloat16)
+    packed = Kernels.pack(weight, gated=True) if silu else Kernels.pack(weight)
+    outputs = 64 if silu else 354
+    got = NATIVE.packed_linear(torch.empty(0, 96, dtype=torch.bfloat16), packed, outputs,
+                               silu=silu)
+    assert got.shape == (0, outputs)
+
+
+@needs_native
 def test_native_linear_rounds_to_nearest_even_and_keeps_specials() -> None:
     assert NATIVE is not None
     weight = torch.zeros(4, 32, dtype=torch.bfloat16)

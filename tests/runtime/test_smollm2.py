@@ -47,6 +47,23 @@ def test_default_model_by_name_or_by_path_is_one_identity() -> None:
     assert by_name.directory == by_path.directory  # converted once, shared
 
 
+def test_a_prompt_longer_than_the_step_budget_alone_completes_on_the_native_path() -> None:
+    """Its first chunk runs alone and needs no logits: the LM head gets no rows (which trapped
+    in gemm.c, killing the worker, for any prompt over 512 tokens on an idle bf16 CPU
+    worker). The greedy tokens match those of the op-by-op path."""
+    engine = LLMEngine(EngineConfig(dtype="bfloat16", kv_cache_bytes=1 << 26,
+                                    max_num_batched_tokens=64), progress=lambda _: None)
+    if getattr(engine.model, "native_layers", None) is None:
+        pytest.skip("native kernels unavailable here (no AVX512-BF16 or no C compiler)")
+    prompt = engine.tokenize("def fibonacci(n):\n    " * 20)  # 140 tokens: three chunks
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    [native] = engine.generate([prompt], params)
+    assert len(native.token_ids) == 4
+    engine.model.native_layers = None  # type: ignore[attr-defined]
+    engine.block_manager.reset_prefix_cache()
+    assert engine.generate([prompt], params)[0].token_ids == native.token_ids
+
+
 def test_bf16_native_layers_give_the_op_by_op_paths_tokens() -> None:
     """bf16 on a CPU with the native kernels: every step runs each layer in one native call
     (dense/native_layers.py) instead of the same kernels called op by op from Python. Both

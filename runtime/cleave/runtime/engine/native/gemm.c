@@ -83,6 +83,8 @@ static inline __attribute__((always_inline)) void block(
  * 2 N-wide product is never written out and read back). */
 void packed_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const uint16_t *bias,
                         uint16_t *y, long ldy, long M, long N, long K, int silu) {
+  if (M <= 0)
+    return; /* no rows (a step whose chunks need no logits): SP / M below would trap */
   long panels = silu ? N / (NP / 2) : (N + NP - 1) / NP, panel = K * NP;
   /* rows in even blocks of at most MR (8 rows: 4 + 4, not 6 + 2) */
   long nblocks = (M + MR - 1) / MR;
