@@ -172,14 +172,11 @@ def start_server(*, password: str | None = None, port: int | None = None,
     the arguments given after it), with ``env`` as its environment. A free port taken by
     another process before redis-server bound it is replaced by another (redis-server takes
     no inherited socket)."""
-    for attempt in range(5):
-        try:
-            return _start_server(password, free_port() if port is None else port,
-                                 extra_args, timeout, command, env)
-        except PortTaken:
-            if port is not None or attempt == 4:
-                raise
-    raise AssertionError("unreachable")
+    for _ in range(4 if port is None else 0):
+        with contextlib.suppress(PortTaken):
+            return _start_server(password, free_port(), extra_args, timeout, command, env)
+    return _start_server(password, free_port() if port is None else port, extra_args, timeout,
+                         command, env)
 
 
 def _start_server(password: str | None, port: int, extra_args: Sequence[str], timeout: float,

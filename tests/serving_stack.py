@@ -19,7 +19,6 @@ from pathlib import Path
 from redis_servers import RedisServer, start_server
 
 from cleave.runtime.serving import http_server
-from cleave.runtime.serving.local_processes import LISTEN_FD_FLAG
 
 CLI = [sys.executable, "-m", "cleave.common.cli"]
 SERVED = "tiny"  # the model name clients ask for, and the vllm:* metrics' model_name
@@ -73,7 +72,7 @@ def spawn(name: str, args: list[str], logdir: Path) -> Proc:
     with http_server.bound_socket("127.0.0.1", 0) as sock:
         port = sock.getsockname()[1]
         proc = subprocess.Popen(
-            [*CLI, *args, "--port", str(port), LISTEN_FD_FLAG, str(sock.fileno())],
+            [*CLI, *args, "--port", str(port), http_server.LISTEN_FD_FLAG, str(sock.fileno())],
             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, pass_fds=(sock.fileno(),))
     return Proc(name, proc, f"http://127.0.0.1:{port}", log)
 

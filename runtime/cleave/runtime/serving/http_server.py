@@ -36,6 +36,10 @@ from aiohttp import web
 from cleave.common.flags import flag_name
 from cleave.common.settings import HttpSettings
 
+# The flag (cleave worker's and cleave router's listen_fd setting) that hands a server the
+# socket bound for it: cleave up's processes and the tests' take it.
+LISTEN_FD_FLAG = flag_name("listen_fd")
+
 
 def handler_options(http: HttpSettings) -> dict[str, Any]:
     """The aiohttp request-handler options that carry ``http``'s bounds (``web.run_app`` and
@@ -80,11 +84,11 @@ def inherited_socket(fd: int) -> socket.socket:
     try:
         sock = socket.socket(fileno=fd)
     except OSError as e:
-        raise ValueError(f"{flag_name('listen_fd')} {fd} is not an open socket "
+        raise ValueError(f"{LISTEN_FD_FLAG} {fd} is not an open socket "
                          f"({e.strerror})") from None
     if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
         sock.detach()  # not ours to close
-        raise ValueError(f"{flag_name('listen_fd')} {fd} is not a TCP socket")
+        raise ValueError(f"{LISTEN_FD_FLAG} {fd} is not a TCP socket")
     sock.set_inheritable(False)  # this server's alone: a process it starts must not hold it
     return sock
 

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cleave.common.flags import flag_name
 from cleave.common.settings import WorkerSettings
 from cleave.runtime.serving import http_server
 from cleave.runtime.serving.gpus import VISIBLE, least_used
@@ -28,10 +27,11 @@ MAX_WORKER_RESTARTS = 5  # per worker; a worker that keeps dying takes the platf
 STARTING, READY, DRAINING = "starting", "ready", "draining"
 
 
-# Every process serves on a socket cleave up bound for it (http_server.bound_socket): a port
-# chosen with bind(0) and released again could be taken by another process before the server
-# bound it, and a /ready answered by that process would pass for this one's.
-LISTEN_FD_FLAG = flag_name("listen_fd")
+# Every process serves on a socket cleave up bound for it (http_server.bound_socket, handed
+# down as LISTEN_FD_FLAG): a port chosen with bind(0) and released again could be taken by
+# another process before the server bound it, and a /ready answered by that process would
+# pass for this one's.
+LISTEN_FD_FLAG = http_server.LISTEN_FD_FLAG
 
 
 def answers_ready(url: str, timeout: float = 1.0) -> bool:
